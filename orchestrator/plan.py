@@ -1,0 +1,101 @@
+"""Pure expansion of a SweepSpec into a SweepPlan of TrialSpecs.
+
+A *trial* is one fully resolved combination of factors plus a repeat index.
+Its ``trial_id`` is a stable hash of everything that defines it, so re-running
+a sweep finds the trials it already finished and never duplicates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from orchestrator.spec import ClientSpec, ModelSpec, Restriction, ServerSpec, StartMode, SweepSpec, VllmVariant
+from workloads.spec import WorkloadSpec
+
+
+class TrialSpec(BaseModel):
+    """Everything one trial needs, resolved. Written as JSON into the trial's artifacts before it runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep: str = Field(description="Sweep name.")
+    model: ModelSpec
+    hardware: str
+    gpus: int = Field(ge=0)
+    cores: int = Field(ge=1)
+    restriction: Restriction
+    start: StartMode
+    vllm: VllmVariant
+    workload: WorkloadSpec
+    server: ServerSpec
+    client: ClientSpec
+    repeat: int = Field(ge=0)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def trial_id(self) -> str:
+        """sha256 of the canonical JSON of every defining field, first 12 hex digits."""
+        return trial_hash(self.model_dump(mode="json", exclude={"trial_id"}))
+
+    @property
+    def tensor_parallel(self) -> int:
+        return max(self.gpus, 1)
+
+    def factors(self) -> dict[str, Any]:
+        """The flat factor view used for tables and MLflow params."""
+        return {
+            "model": self.model.name,
+            "hardware": self.hardware,
+            "gpus": self.gpus,
+            "cores": self.cores,
+            "restriction": self.restriction,
+            "start": self.start,
+            "vllm_variant": self.vllm.name,
+            "workload": self.workload.name,
+            "repeat": self.repeat,
+        }
+
+
+def trial_hash(data: dict[str, Any]) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+class SweepPlan(BaseModel):
+    """The ordered trials of a sweep. Order groups trials that can share a warm replica."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: SweepSpec
+    trials: tuple[TrialSpec, ...]
+
+    def __len__(self) -> int:
+        return len(self.trials)
+
+
+def expand(spec: SweepSpec) -> SweepPlan:
+    """Cross every axis into trials (pure, deterministic).
+
+    The order is model → hardware → gpus → vllm variant → workload → start → restriction → repeat → cores,
+    so consecutive trials differ only in cores: that is the order in which a `repin` replica or a warm
+    compile cache is reused.
+    """
+    g = spec.grid
+    trials = []
+    for model, hw, gpus, variant, workload, start, restriction, repeat, cores in itertools.product(
+        spec.models, g.hardware, g.gpus, g.vllm, spec.workloads, g.start, g.restriction,
+        range(spec.repeats), sorted(g.cores),
+    ):
+        trials.append(TrialSpec(
+            sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
+            start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client, repeat=repeat,
+        ))
+    return SweepPlan(spec=spec, trials=tuple(trials))
+
+
+__all__ = ["SweepPlan", "TrialSpec", "expand", "trial_hash"]

@@ -1,0 +1,78 @@
+"""Paper-style tables from trial results (pure), and their rendering.
+
+- TTFT against cores, per group of trials that differ only in cores.
+- Speedup: TTFT p50 at the group's fewest cores divided by TTFT p50 here
+  (the paper reports 1.47-7.11x between starved and adequate cores).
+- Knee: the fewest cores whose TTFT p50 is within ``tolerance`` of the group's best.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+GROUP = ["model", "hardware", "gpus", "vllm_variant", "workload", "restriction", "start", "repeat"]
+COLUMNS = ["trial_id", *GROUP, "cores", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
+           "ttft_p99_s", "e2e_p50_s", "speedup_p50", "knee"]
+
+
+def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame:
+    """One row per trial: its factors, status and summary metrics (trials without a result are left out)."""
+    by_id = {r.trial_id: r for r in results}
+    rows = []
+    for t in trials:
+        r = by_id.get(t.trial_id)
+        if r is None:
+            continue
+        rows.append({"trial_id": t.trial_id, **t.factors(), "status": r.status.value,
+                     "error_kind": r.error_kind.value, **r.metrics})
+    return pd.DataFrame(rows)
+
+
+def comparison(df: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
+    """Add ``speedup_p50`` and ``knee`` per group of trials that differ only in cores."""
+    if df.empty:
+        return df.reindex(columns=COLUMNS)
+    df = df.copy()
+    for col in ("requests", "timeouts", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"):
+        if col not in df:
+            df[col] = float("nan")
+    df["speedup_p50"] = float("nan")
+    df["knee"] = ""
+    for _, idx in df.groupby([c for c in GROUP if c in df], dropna=False).groups.items():
+        g = df.loc[idx].sort_values("cores")
+        ok = g[(g["status"] == "COMPLETED") & g["ttft_p50_s"].notna()]
+        if ok.empty:
+            continue
+        base = ok.iloc[0]["ttft_p50_s"]
+        df.loc[ok.index, "speedup_p50"] = base / ok["ttft_p50_s"]
+        best = ok["ttft_p50_s"].min()
+        knee_cores = ok[ok["ttft_p50_s"] <= best * (1 + tolerance)]["cores"].min()
+        df.loc[g.index, "knee"] = (g["cores"] == knee_cores).map({True: "<- knee", False: ""})
+    return df.sort_values([c for c in [*GROUP, "cores"] if c in df]).reindex(columns=COLUMNS)
+
+
+def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
+    """A rich Table of :func:`comparison`'s output (times in ms)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = ["trial_id", "model", "workload", "gpus", "cores", "status", "requests", "timeouts",
+            "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "E2E p50 ms", "speedup", "knee"]
+    for c in cols:
+        table.add_column(c, justify="right" if c not in ("trial_id", "model", "workload", "status") else "left")
+
+    def ms(v: Any) -> str:
+        return "-" if pd.isna(v) else f"{1000 * v:.1f}"
+
+    for _, r in df.iterrows():
+        table.add_row(r["trial_id"], str(r["model"]), str(r["workload"]), str(r["gpus"]), str(r["cores"]),
+                      r["status"], "-" if pd.isna(r["requests"]) else f"{int(r['requests'])}",
+                      "-" if pd.isna(r["timeouts"]) else f"{int(r['timeouts'])}",
+                      ms(r["ttft_p50_s"]), ms(r["ttft_p90_s"]), ms(r["ttft_p99_s"]), ms(r["e2e_p50_s"]),
+                      "-" if pd.isna(r["speedup_p50"]) else f"{r['speedup_p50']:.2f}x", r["knee"])
+    return table
+
+
+__all__ = ["comparison", "render", "results_frame"]

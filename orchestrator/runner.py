@@ -1,0 +1,75 @@
+"""run_sweep: wire the pipeline together for one sweep (services, controller, executor, tracking, report).
+
+    SweepSpec ─expand─▶ SweepPlan ─SweepController─▶ RayTrialExecutor ─▶ TrialResult ─▶ MLflow + table
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.controller import SweepController
+from orchestrator.plan import SweepPlan, TrialSpec, expand
+from orchestrator.report import comparison, render, results_frame
+from orchestrator.results import TrialResult
+from orchestrator.spec import SweepSpec
+from orchestrator.trial import Trial, TrialState
+
+
+def _progress(console: Console, total: int):
+    started: dict[str, float] = {}
+
+    def on_progress(trial: Trial, spec: TrialSpec, result: TrialResult | None) -> None:
+        label = f"[{spec.trial_id}] {spec.model.name} {spec.workload.name} gpus={spec.gpus} cores={spec.cores}"
+        if trial.state is TrialState.SKIPPED:
+            console.print(f"{label}: already finished in MLflow, skipped")
+        elif trial.state is TrialState.RUNNING:
+            started[spec.trial_id] = time.monotonic()
+            console.print(f"{label}: running (attempt {trial.attempts})")
+        elif result is not None:
+            took = time.monotonic() - started.get(spec.trial_id, time.monotonic())
+            detail = f" {result.error_kind.value}: {result.message}" if not result.ok else ""
+            console.print(f"{label}: {trial.state.value} in {took:.0f} s{detail}")
+            for w in result.warnings:
+                console.print(f"  warning: {w}")
+    return on_progress
+
+
+def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
+    """Run every trial; return 0 if all trials completed (or were already done), else 1."""
+    from orchestrator.ray_executor import RayTrialExecutor
+    from orchestrator.services import mlflow_server, ray_cluster, ui_command
+    from orchestrator.tracking import MlflowTracker
+
+    plan: SweepPlan = expand(spec)
+    home.mkdir(parents=True, exist_ok=True)
+    console.print(f"sweep {spec.name}: {len(plan)} trials; state in {home}")
+    with mlflow_server(home / "mlflow") as ml, ray_cluster():
+        console.print(f"MLflow tracking at {ml.uri}")
+        tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
+        controller = SweepController(
+            plan, RayTrialExecutor(home), observers=[tracker],
+            finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,
+            on_progress=_progress(console, len(plan)))
+        results = controller.run()
+        states = {tid: t.state for tid, t in controller.trials.items()}
+    table = comparison(results_frame(plan.trials, results))
+    if len(table):
+        console.print(render(table, title=f"{spec.name}: TTFT against cores"))
+    csv = home / "reports" / f"{spec.name}.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False)
+    console.print(f"table written to {csv}")
+    if ml.proc is not None:
+        console.print(f"MLflow UI: {ui_command(home)}")
+    else:
+        console.print(f"MLflow UI: {ml.uri}")
+    failed = [tid for tid, s in states.items() if s is TrialState.FAILED]
+    if failed:
+        console.print(f"{len(failed)} trial(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+__all__ = ["run_sweep"]

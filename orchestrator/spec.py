@@ -1,0 +1,209 @@
+"""Sweep specification: the YAML a user writes, as a strict pydantic model.
+
+A sweep names *factors* (cores, GPUs, model, hardware, workload, vLLM flag
+variants, restriction mode, start mode) and how often to repeat each
+combination. Validators do no I/O; infrastructure settings (Ray address,
+MLflow URI) live elsewhere (``orchestrator.settings``), never in a sweep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+
+from workloads.spec import WorkloadSpec
+
+
+class SpecError(ValueError):
+    """A sweep file that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_NAME = r"^[A-Za-z0-9_.-]+$"
+
+
+class ShapeModel(_Strict):
+    """A config-only model shape (built-in name) served with dummy weights and a real tokenizer."""
+
+    kind: Literal["shape"] = "shape"
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME, description="Short name for tables.")
+    shape: str = Field(description="Built-in shape, see `orchestrator model list`.")
+
+
+class HubModel(_Strict):
+    """A model by Hugging Face id or local path (needs weights or a hub unless load_format is dummy)."""
+
+    kind: Literal["hf"] = "hf"
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME, description="Short name for tables.")
+    id: str = Field(min_length=1, description="HF model id or a local model folder.")
+
+
+def _model_kind(v: Any) -> str:
+    if isinstance(v, dict):
+        return v.get("kind", "shape" if "shape" in v else "hf")
+    return getattr(v, "kind", "hf")
+
+
+ModelSpec = Annotated[Union[Annotated[ShapeModel, Tag("shape")], Annotated[HubModel, Tag("hf")]],
+                      Discriminator(_model_kind)]
+
+
+class VllmVariant(_Strict):
+    """One named set of vLLM flags; flags pass through to `vllm serve` untouched."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME, description="Variant name for tables.")
+    args: tuple[str, ...] = Field(default=(), description="Extra command-line flags, e.g. ['--enforce-eager'].")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+
+
+class ServerSpec(_Strict):
+    """Settings shared by every replica of the sweep."""
+
+    stack: Literal["vllm"] = Field(default="vllm", description="Serving stack (Ray Serve LLM is planned).")
+    load_format: Literal["auto", "dummy"] = Field(default="dummy", description="dummy = random weights of the real shape.")
+    max_model_len: int = Field(default=4096, ge=64, le=2_000_000, description="--max-model-len.")
+    block_size: int | None = Field(default=None, description="--block-size; vLLM-CPU needs 32 or 128 (16 fails).")
+    startup_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="Deadline for /health to answer.")
+    cpu_kvcache_gib: int = Field(default=1, ge=1, le=1024, description="VLLM_CPU_KVCACHE_SPACE on CPU nodes.")
+    enable_prefix_caching: bool = Field(default=True, description="Prefix caching (agentic reuse depends on it).")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block(cls, v: int | None) -> int | None:
+        if v is not None and v not in (32, 64, 128, 256):
+            raise ValueError("block_size must be one of 32, 64, 128, 256")
+        return v
+
+
+Restriction = Literal["cpuset", "affinity", "quota"]
+StartMode = Literal["fresh", "repin"]
+
+
+class Grid(_Strict):
+    """The factors crossed into trials. Every list is one axis of the grid."""
+
+    cores: tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(min_length=1, description="Cores per replica.")
+    gpus: tuple[Annotated[int, Field(ge=0, le=64)], ...] = Field(default=(0,), min_length=1,
+                                                              description="GPUs per replica (tensor parallel size); 0 = CPU.")
+    hardware: tuple[str, ...] = Field(default=("cpu",), min_length=1,
+                                      description="Hardware type, e.g. cpu, H100, H200 (Ray accelerator_type).")
+    restriction: tuple[Restriction, ...] = Field(default=("affinity",), min_length=1,
+                                                 description="How cores are enforced: cpuset, affinity or quota.")
+    start: tuple[StartMode, ...] = Field(default=("fresh",), min_length=1,
+                                         description="fresh = restart pinned; repin = re-pin a live replica.")
+    vllm: tuple[VllmVariant, ...] = Field(default=(VllmVariant(name="default"),), min_length=1,
+                                          description="Named vLLM flag variants.")
+
+    @field_validator("cores", "gpus", "hardware", "restriction", "start")
+    @classmethod
+    def _unique(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"values must be unique, got {list(v)}")
+        return v
+
+
+class ClientSpec(_Strict):
+    """Where the workload client runs relative to the replica."""
+
+    cores: int = Field(default=1, ge=1, le=64, description="Cores reserved for the workload client.")
+    isolation: Literal["require", "prefer"] = Field(
+        default="require",
+        description="require: refuse a trial whose client cannot get cores disjoint from the replica; "
+        "prefer: share cores when the node is too small, and record it.")
+
+
+class SweepSpec(_Strict):
+    """A whole sweep: models × grid × workloads × repeats."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME, description="Sweep name (MLflow parent run).")
+    description: str = Field(default="", description="Free text shown in MLflow.")
+    models: tuple[ModelSpec, ...] = Field(min_length=1, description="Models (one axis of the grid).")
+    workloads: tuple[WorkloadSpec, ...] = Field(min_length=1, description="Workloads (one axis of the grid).")
+    grid: Grid = Field(description="The remaining factors.")
+    server: ServerSpec = Field(default_factory=ServerSpec, description="Settings shared by all replicas.")
+    client: ClientSpec = Field(default_factory=ClientSpec, description="Workload client placement.")
+    repeats: int = Field(default=1, ge=1, le=100, description="Repeats of each combination.")
+    max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure.")
+
+    @field_validator("models", "workloads")
+    @classmethod
+    def _unique_names(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        names = [x.name for x in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"names must be unique, repeated: {dup}")
+        return v
+
+
+def _locate(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def _line_of(node: Any, loc: tuple[Any, ...]) -> int | None:
+    """1-based YAML line of the deepest node on ``loc`` (a pydantic error location)."""
+    line = None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_spec(data: Any, source: str = "<spec>", *, yaml_root: Any = None) -> SweepSpec:
+    """Validate already-parsed YAML data; errors name the source, the line where known, and each bad field."""
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            line = _line_of(yaml_root, e["loc"]) if yaml_root is not None else None
+            where = f"{source}:{line}" if line else source
+            lines.append(f"{where}: {_locate(e['loc'])}: {e['msg']}")
+        raise SpecError("invalid sweep spec\n  " + "\n  ".join(lines)) from None
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Load a sweep YAML file. Relative trace paths are resolved against the file's folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise SpecError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a sweep must be a YAML mapping, got {type(data).__name__}")
+    spec = parse_spec(data, str(path), yaml_root=yaml.compose(text, Loader=yaml.SafeLoader))
+    return _resolve_paths(spec, path.parent)
+
+
+def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
+    workloads = []
+    for w in spec.workloads:
+        p = getattr(w, "path", None)
+        if p is not None and not Path(p).is_absolute():
+            w = w.model_copy(update={"path": (base / p).resolve()})
+        workloads.append(w)
+    return spec.model_copy(update={"workloads": tuple(workloads)})
+
+
+__all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ServerSpec", "ShapeModel", "SpecError",
+           "SweepSpec", "VllmVariant", "load_spec", "parse_spec"]

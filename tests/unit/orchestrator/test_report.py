@@ -1,0 +1,39 @@
+"""Comparison table, speedups and knee: pure."""
+
+import math
+
+from orchestrator.plan import expand
+from orchestrator.report import comparison, render, results_frame
+from orchestrator.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.spec import parse_spec
+
+
+def test_speedup_and_knee():
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2, 4, 8]},
+    }))
+    ttft = {1: 0.80, 2: 0.30, 4: 0.105, 8: 0.100}
+    results = [TrialResult(t.trial_id, TrialStatus.COMPLETED,
+                           metrics={"ttft_p50_s": ttft[t.cores], "requests": 10, "timeouts": 0})
+               for t in p.trials]
+    df = comparison(results_frame(p.trials, results))
+    by = df.set_index("cores")
+    assert math.isclose(by.loc[1, "speedup_p50"], 1.0)
+    assert math.isclose(by.loc[8, "speedup_p50"], 8.0)
+    assert by.loc[4, "knee"] == "<- knee" and by.loc[8, "knee"] == ""
+    assert render(df).row_count == 4
+
+
+def test_failed_trials_stay_in_the_table_without_speedup():
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2]},
+    }))
+    results = [TrialResult.failed(p.trials[0].trial_id, ErrorKind.STARTUP_TIMEOUT, "slow"),
+               TrialResult(p.trials[1].trial_id, TrialStatus.COMPLETED, metrics={"ttft_p50_s": 0.2})]
+    df = comparison(results_frame(p.trials, results)).set_index("cores")
+    assert df.loc[1, "status"] == "FAILED" and math.isnan(df.loc[1, "speedup_p50"])
+    assert math.isclose(df.loc[2, "speedup_p50"], 1.0)

@@ -1,0 +1,98 @@
+"""Spec validation and plan expansion: pure, no services."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import expand
+from orchestrator.spec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def base(**over):
+    data = {
+        "name": "t",
+        "models": [{"name": "tiny", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 2, "turns": 2}],
+        "grid": {"cores": [1, 2, 4]},
+    }
+    data.update(over)
+    return data
+
+
+def test_smoke_sweep_is_valid_and_small():
+    plan = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
+    assert [t.cores for t in plan.trials] == [1, 2]
+    assert {t.model.name for t in plan.trials} == {"tiny-llama"}
+    assert all(t.gpus == 0 and t.hardware == "cpu" for t in plan.trials)
+
+
+def test_expand_crosses_every_axis():
+    spec = parse_spec(base(grid={"cores": [2, 1], "gpus": [1, 2], "vllm": [{"name": "a"}, {"name": "b",
+                                                                                             "args": ["--x"]}]},
+                           repeats=2))
+    plan = expand(spec)
+    assert len(plan) == 2 * 2 * 2 * 2
+    # cores vary fastest, sorted, so consecutive trials can share a warm replica
+    assert [t.cores for t in plan.trials[:2]] == [1, 2]
+    assert len({t.trial_id for t in plan.trials}) == len(plan)
+
+
+def test_trial_id_is_stable_and_sensitive():
+    a = expand(parse_spec(base())).trials
+    b = expand(parse_spec(base())).trials
+    assert [t.trial_id for t in a] == [t.trial_id for t in b]
+    c = expand(parse_spec(base(workloads=[{"name": "w", "kind": "agentic", "sessions": 3, "turns": 2}]))).trials
+    assert a[0].trial_id != c[0].trial_id
+    assert len(a[0].trial_id) == 12
+
+
+def test_vllm_flags_pass_through_untouched():
+    args = ["--enforce-eager", "--compilation-config", '{"level": 0}']
+    t = expand(parse_spec(base(grid={"cores": [1], "vllm": [{"name": "eager", "args": args}]}))).trials[0]
+    assert list(t.vllm.args) == args
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"grid": {"cores": [0]}}, "grid.cores.0"),
+    ({"grid": {"cores": [1], "restriction": ["pinning"]}}, "grid.restriction.0"),
+    ({"grid": {"cores": [1, 1]}}, "grid.cores"),
+    ({"bogus": 1}, "bogus"),
+    ({"models": []}, "models"),
+    ({"workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1, "sesions": 2}]}, "sesions"),
+    ({"workloads": [{"name": "w", "kind": "nope"}]}, "workloads.0"),
+])
+def test_bad_fields_are_named(patch, field):
+    with pytest.raises(SpecError) as err:
+        parse_spec(base(**patch), "x.yaml")
+    assert "x.yaml" in str(err.value) and field in str(err.value)
+
+
+def test_bad_yaml_names_file_and_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: t\nmodels:\n  - name: [unclosed\n")
+    with pytest.raises(SpecError, match=r"bad\.yaml:\d+:\d+: invalid YAML"):
+        load_spec(f)
+
+
+def test_bad_field_error_gives_the_line(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text((ROOT / "sweeps" / "smoke.yaml").read_text().replace("cores: [1, 2]", "cores: [1, -2]"))
+    with pytest.raises(SpecError) as err:
+        load_spec(f)
+    line = next(i for i, s in enumerate(f.read_text().splitlines(), 1) if "cores: [1, -2]" in s)
+    assert f"s.yaml:{line}: grid.cores.1" in str(err.value)
+
+
+def test_missing_file_is_clear(tmp_path):
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_trace_paths_resolve_against_the_sweep_file(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: t\nmodels: [{name: m, shape: tiny-llama}]\n"
+                 "workloads: [{name: mc, kind: mooncake, path: traces/x.jsonl}]\ngrid: {cores: [1]}\n")
+    spec = load_spec(f)
+    assert spec.workloads[0].path == (tmp_path / "traces" / "x.jsonl").resolve()

@@ -1,0 +1,102 @@
+"""Workload specifications: what a workload actor replays, as strict typed configs.
+
+A *session* is one agent conversation; a *turn* is one request inside it, whose
+prompt is the session's whole accumulated context. Variants are discriminated on
+``kind`` so a sweep YAML names exactly one loader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenRange(_Strict):
+    """A token count drawn uniformly (seeded) from ``[min, max]``."""
+
+    min: int = Field(ge=1, le=1_000_000, description="Smallest token count.")
+    max: int = Field(ge=1, le=1_000_000, description="Largest token count.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TokenRange":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class _WorkloadBase(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="Short name, used in trial ids and tables.")
+    request_timeout_s: float = Field(default=60.0, gt=0, le=3600,
+                                     description="Deadline per request; a request past it is a timeout.")
+    max_duration_s: float = Field(default=600.0, gt=0, le=86_400,
+                                  description="Measurement window; work not sent by then is cut cleanly.")
+    seed: int = Field(default=0, ge=0, description="Seed for every random choice of the workload.")
+    drain_s: float | None = Field(
+        default=None, ge=0, le=3600,
+        description="After the window, in-flight requests get this long before they are cut (status 'cut'); "
+                    "None lets each run to its own request deadline.")
+    client_tokenize: bool = Field(
+        default=True,
+        description="Tokenize each prompt on the client (a worker thread, while the request is in flight) "
+                    "to record its token count and tokenization time.")
+
+
+class AgenticWorkload(_WorkloadBase):
+    """Synthetic agentic sessions: shared tool prefix, growing context, real answers appended."""
+
+    kind: Literal["agentic"] = "agentic"
+    sessions: int = Field(ge=1, le=100_000, description="Number of sessions (conversations).")
+    concurrency: int = Field(default=1, ge=1, le=10_000,
+                             description="Sessions in flight at once (closed loop).")
+    session_rate_per_s: float | None = Field(
+        default=None, gt=0, description="Poisson arrival rate of new sessions; None starts them as slots free.")
+    turns: int = Field(ge=1, le=1000, description="Turns (requests) per session.")
+    system_prompt_tokens: int = Field(default=1024, ge=0, le=1_000_000,
+                                      description="Shared system/tool prefix, identical across sessions.")
+    task_tokens: TokenRange = Field(default=TokenRange(min=64, max=256),
+                                    description="Per-session task description appended after the prefix.")
+    tool_output_tokens: TokenRange = Field(default=TokenRange(min=200, max=2000),
+                                           description="Tool output appended before each later turn.")
+    output_tokens: TokenRange = Field(default=TokenRange(min=32, max=128),
+                                      description="Tokens the model is asked to generate per turn.")
+    max_context_tokens: int = Field(default=32_768, ge=64, le=2_000_000,
+                                    description="A session ends once its context would exceed this.")
+    think_time_s: float = Field(default=0.0, ge=0, le=3600, description="Pause between a reply and the next turn.")
+
+
+class MooncakeWorkload(_WorkloadBase):
+    """Replay of a Mooncake trace (timestamp ms, input_length, output_length, hash_ids of 512-token blocks)."""
+
+    kind: Literal["mooncake"] = "mooncake"
+    path: Path = Field(description="JSONL trace file.")
+    max_requests: int | None = Field(default=None, ge=1, description="Replay at most this many lines.")
+    max_in_flight: int = Field(default=1024, ge=1, le=100_000,
+                               description="Most requests in flight at once; later arrivals wait, as dispatch lag.")
+    time_scale: float = Field(default=1.0, gt=0, description="Multiply trace gaps by this (0.5 = twice as fast).")
+    block_tokens: int = Field(default=512, ge=1, description="Tokens per hash id block.")
+    max_context_tokens: int | None = Field(default=None, ge=64,
+                                           description="Clip prompts to this many tokens (keeps the prefix).")
+
+
+class AzureWorkload(_WorkloadBase):
+    """Replay of an Azure LLM inference 2023 trace (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+
+    kind: Literal["azure"] = "azure"
+    path: Path = Field(description="CSV trace file.")
+    max_requests: int | None = Field(default=None, ge=1, description="Replay at most this many rows.")
+    max_in_flight: int = Field(default=1024, ge=1, le=100_000,
+                               description="Most requests in flight at once; later arrivals wait, as dispatch lag.")
+    time_scale: float = Field(default=1.0, gt=0, description="Multiply trace gaps by this.")
+    max_context_tokens: int | None = Field(default=None, ge=64, description="Clip prompts to this many tokens.")
+
+
+WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload], Field(discriminator="kind")]
+
+__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "TokenRange", "WorkloadSpec"]
