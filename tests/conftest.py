@@ -1,0 +1,24 @@
+"""Shared fixtures: a real MLflow tracking server (sqlite backend) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory):
+    """Start a real ``mlflow server`` for the session and stop its process group afterwards."""
+    from orchestrator.services import free_port, mlflow_server
+
+    saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        with mlflow_server(tmp_path_factory.mktemp("mlflow"), port=free_port()) as server:
+            yield server.uri
+    finally:
+        if saved is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
