@@ -21,7 +21,7 @@ from rich.table import Table
 from orchestrator.plan import expand
 from orchestrator.spec import SpecError, load_spec
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
 
 

@@ -101,8 +101,9 @@ class ReplicaActor:
     def start(self, cores: list[int]) -> dict[str, Any]:
         """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
         model_dir = self.model_dir()
+        # Compile caches live beside the trials and are shared by them, so restarts are warm.
         self.replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
-                                   self.trial.restriction)
+                                   self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
         try:
             self.replica.start()
             self.replica.wait_healthy(self.trial.server.startup_timeout_s)
@@ -120,7 +121,7 @@ class ReplicaActor:
         assert self.replica is not None
         self.before = scrape(self.replica.base_url)
         self.sampler = TelemetrySampler(replica_cpus=sorted(self.replica.cores), client_cpus=client_cpus,
-                                        base_url=self.replica.base_url)
+                                        metrics_url=self.replica.base_url)
         self.sampler.start()
 
     def end_window(self) -> dict[str, Any]:

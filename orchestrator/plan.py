@@ -12,7 +12,7 @@ import itertools
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from orchestrator.spec import ClientSpec, ModelSpec, Restriction, ServerSpec, StartMode, SweepSpec, VllmVariant
 from workloads.spec import WorkloadSpec
@@ -35,6 +35,18 @@ class TrialSpec(BaseModel):
     server: ServerSpec
     client: ClientSpec
     repeat: int = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_computed_id(cls, data: Any) -> Any:
+        """Accept our own JSON back: ``trial_id`` is derived, so it is checked, never trusted."""
+        if isinstance(data, dict) and "trial_id" in data:
+            data = dict(data)
+            claimed = data.pop("trial_id")
+            spec = cls.model_validate(data)
+            if spec.trial_id != claimed:
+                raise ValueError(f"trial_id {claimed} does not match its fields (they hash to {spec.trial_id})")
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property

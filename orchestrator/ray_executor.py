@@ -96,11 +96,13 @@ class RayTrialExecutor:
             return self._measure(trial, tdir, replica, strategy, alloc, facts, started)
         except TrialFailure as exc:
             return self._failed(trial, tdir, exc.kind, str(exc), facts, started)
-        except (RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError) as exc:
-            return self._failed(trial, tdir, ErrorKind.NODE_DIED, f"{type(exc).__name__}: {exc}", facts, started)
+        except (RayActorError, ray.exceptions.NodeDiedError) as exc:
+            # An exception in an actor's constructor is our bug, not a lost node: never retried.
+            creation = "creation task" in str(exc)
+            kind = ErrorKind.INTERNAL if creation else ErrorKind.NODE_DIED
+            return self._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
-            return self._failed(trial, tdir, ErrorKind.INTERNAL, str(exc.cause if exc.cause else exc), facts,
-                                started)
+            return self._failed(trial, tdir, ErrorKind.INTERNAL, _last_line(str(exc.cause or exc)), facts, started)
         finally:
             if replica is not None:
                 self._collect(replica, tdir)
@@ -163,6 +165,12 @@ class RayTrialExecutor:
                 started: float) -> TrialResult:
         return TrialResult.failed(trial.trial_id, kind, message, params=_flat(facts), artifacts_dir=str(tdir),
                                   started_at=started, ended_at=time.time())
+
+
+def _last_line(text: str) -> str:
+    """The informative end of a Ray traceback (the full text goes to the trial's artifacts)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("^")]
+    return " | ".join(lines[-3:])[:500] if lines else text
 
 
 def _flat(params: dict[str, Any]) -> dict[str, str]:
