@@ -1,0 +1,339 @@
+"""The tracking record of a sweep and its trials, and the local outbox that holds it.
+
+What MLflow receives is first built here as plain data (no MLflow import):
+:func:`sweep_payload` for the parent run and :func:`trial_payload` for a child
+run (params, tags, metrics, run name). :func:`stage_trial` materialises a trial
+payload as a folder; the tracker uploads from that folder, then either discards
+it (uploaded) or commits it into the outbox (MLflow unreachable). Both paths
+therefore upload exactly the same bytes, and ``orchestrator sync`` replays the
+outbox later.
+
+Layout (dot-prefixed names are in-progress writes and are ignored by readers)::
+
+    <outbox>/<sweep>/sweep.json              # experiment, parent params/tags, plan rows, spec (+ its YAML)
+    <outbox>/<sweep>/sweep_end.json          # the sweep ended while MLflow was unreachable
+    <outbox>/<sweep>/trials/<ns>-<trial_id>/ # one folder per trial result, oldest first
+        result.json  records.parquet  telemetry.parquet  artifacts/...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from orchestrator.plan import SweepPlan, TrialSpec
+from orchestrator.results import TrialResult, TrialStatus
+
+FORMAT_VERSION = 1
+MAX_PARAM_LEN = 6000   # MLflow's limit on a param value
+MAX_TAG_LEN = 8000     # and on a tag value
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def safe_key(name: str) -> str:
+    """An MLflow-safe metric/param key: anything but ``[A-Za-z0-9_-. /]`` (colons too) becomes ``_``."""
+    return _UNSAFE.sub("_", str(name)).strip() or "_"
+
+
+def _param_value(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        v = " ".join(str(x) for x in v)
+    elif isinstance(v, dict):
+        v = json.dumps(v, sort_keys=True, separators=(",", ":"), default=str)
+    s = "" if v is None else str(v)
+    return s[:MAX_PARAM_LEN]
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Floats only: None, NaN, ±inf and non-numbers are dropped (MLflow cannot chart them)."""
+    out = {}
+    for k, v in metrics.items():
+        if v is None or isinstance(v, str):
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            out[safe_key(k)] = f
+    return out
+
+
+def run_name(trial: TrialSpec) -> str:
+    """``tiny-llama c2 agentic-short r0``; non-default factors (GPUs, variant, start) are added."""
+    parts = [trial.model.name]
+    if trial.gpus:
+        parts.append(f"g{trial.gpus}")
+    parts.append(f"c{trial.cores}")
+    if trial.vllm.name != "default":
+        parts.append(trial.vllm.name)
+    parts.append(trial.workload.name)
+    if trial.start != "fresh":
+        parts.append(trial.start)
+    parts.append(f"r{trial.repeat}")
+    return " ".join(parts)
+
+
+def trial_params(trial: TrialSpec, learnt: Mapping[str, str]) -> dict[str, str]:
+    """Every factor, the resolved server/client settings, and what the trial learnt while running.
+
+    A learnt value that disagrees with a factor of the same name (e.g. the restriction mode
+    actually used after a fallback) is kept as ``<name>_actual``; a param is never written twice.
+    """
+    p: dict[str, Any] = dict(trial.factors())
+    p.update({
+        "tp": trial.tensor_parallel,
+        "model_kind": trial.model.kind,
+        "model_source": getattr(trial.model, "shape", None) or getattr(trial.model, "id", ""),
+        "load_format": trial.server.load_format,
+        "max_model_len": trial.server.max_model_len,
+        "block_size": trial.server.block_size if trial.server.block_size is not None else "default",
+        "prefix_caching": trial.server.enable_prefix_caching,
+        "vllm_args": " ".join(trial.vllm.args),
+        "vllm_env": " ".join(f"{k}={v}" for k, v in sorted(trial.vllm.env.items())),
+        "client_cores": trial.client.cores,
+        "client_isolation": trial.client.isolation,
+        "workload_kind": trial.workload.kind,
+    })
+    for k, v in trial.workload.model_dump(mode="json", exclude={"name", "kind"}).items():
+        p[f"workload_{k}"] = f"{v['min']}-{v['max']}" if isinstance(v, dict) and set(v) == {"min", "max"} else v
+    out = {safe_key(k): _param_value(v) for k, v in p.items()}
+    for k, v in learnt.items():
+        key, val = safe_key(k), _param_value(v)
+        if key in out and out[key] != val:
+            key = f"{key}_actual"
+        out.setdefault(key, val)
+    return out
+
+
+def records_frame(records: Iterable[Any]) -> pd.DataFrame:
+    """Per-request records as a frame: ``workloads.records.records_to_frame`` when available."""
+    records = list(records)
+    try:
+        from workloads.records import records_to_frame
+        return records_to_frame(records)
+    except ImportError:  # records module absent: fall back to a generic conversion
+        pass
+    rows = []
+    for r in records:
+        if is_dataclass(r) and not isinstance(r, type):
+            rows.append(asdict(r))
+        elif hasattr(r, "model_dump"):
+            rows.append(r.model_dump())
+        elif isinstance(r, Mapping):
+            rows.append(dict(r))
+        else:
+            rows.append(dict(vars(r)))
+    return pd.DataFrame(rows)
+
+
+def telemetry_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Sampled series rows as a long frame ``t, name, value`` (``ts`` accepted for ``t``)."""
+    data = [{"t": float(r.get("t", r.get("ts", 0.0))), "name": str(r["name"]), "value": r.get("value")} for r in rows]
+    frame = pd.DataFrame(data, columns=["t", "name", "value"])
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce").astype("float64")
+    return frame
+
+
+def sweep_payload(plan: SweepPlan, *, experiment: str, git_commit: str | None,
+                  spec_yaml: str | None) -> dict[str, Any]:
+    """What the parent run of a sweep holds: tags, params, the plan table and the spec."""
+    spec = plan.spec
+    tags = {"sweep": spec.name, "orchestrator.kind": "sweep"}
+    if git_commit:
+        tags.update({"git_commit": git_commit, "mlflow.source.git.commit": git_commit})
+    if spec.description:
+        tags["mlflow.note.content"] = spec.description[:MAX_TAG_LEN]
+    params = {
+        "trials_planned": len(plan.trials), "repeats": spec.repeats, "max_failures": spec.max_failures,
+        "models": [m.name for m in spec.models], "workloads": [w.name for w in spec.workloads],
+        "cores": list(spec.grid.cores), "gpus": list(spec.grid.gpus), "hardware": list(spec.grid.hardware),
+        "restriction": list(spec.grid.restriction), "start": list(spec.grid.start),
+        "vllm_variants": [v.name for v in spec.grid.vllm],
+    }
+    plan_rows = [{"trial_id": t.trial_id, "run_name": run_name(t), **t.factors()} for t in plan.trials]
+    return {
+        "version": FORMAT_VERSION, "sweep": spec.name, "experiment": experiment, "tags": tags,
+        "params": {k: _param_value(v) for k, v in params.items()}, "plan": plan_rows,
+        "spec": spec.model_dump(mode="json"), "spec_yaml": spec_yaml,
+    }
+
+
+def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | None = None,
+                  extra_metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """What one child run holds (everything but the parquet files and the artifacts folder)."""
+    finished = result.status is TrialStatus.COMPLETED
+    tags = {
+        "sweep": trial.sweep, "trial_id": trial.trial_id, "orchestrator.kind": "trial",
+        "trial_status": result.status.value, "error_kind": result.error_kind.value,
+    }
+    if result.message:
+        tags["error_message"] = result.message[:MAX_TAG_LEN]
+    if result.warnings:
+        tags["warnings"] = "\n".join(result.warnings)[:MAX_TAG_LEN]
+    if git_commit:
+        tags["git_commit"] = git_commit
+    metrics = dict(extra_metrics or {})
+    metrics.update(result.metrics)  # the executor's own values win over derived ones
+    metrics["num_records"] = len(result.records)
+    if result.started_at and result.ended_at >= result.started_at:
+        metrics["trial_duration_s"] = result.ended_at - result.started_at
+    return {
+        "version": FORMAT_VERSION, "kind": "trial", "upload_id": uuid.uuid4().hex,
+        "sweep": trial.sweep, "trial_id": trial.trial_id, "run_name": run_name(trial),
+        "status": "FINISHED" if finished else "FAILED", "error_kind": result.error_kind.value,
+        "message": result.message, "started_at": result.started_at, "ended_at": result.ended_at,
+        "params": trial_params(trial, result.params), "tags": tags, "metrics": finite_metrics(metrics),
+        "trial_spec": trial.model_dump(mode="json"), "warnings": list(result.warnings),
+    }
+
+
+# -- storage ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One trial folder: ``result.json`` plus optional parquet files and artifacts."""
+
+    path: Path
+    payload: dict[str, Any]
+
+    @property
+    def trial_id(self) -> str:
+        return str(self.payload["trial_id"])
+
+    @property
+    def sweep(self) -> str:
+        return str(self.payload["sweep"])
+
+    def file(self, name: str) -> Path | None:
+        p = self.path / name
+        return p if p.exists() else None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def _sweep_dir(outbox_dir: Path, sweep: str) -> Path:
+    return Path(outbox_dir) / safe_key(sweep).replace(" ", "_").replace("/", "_")
+
+
+def stage_trial(outbox_dir: Path, payload: Mapping[str, Any], *, records: pd.DataFrame | None = None,
+                telemetry: pd.DataFrame | None = None, artifacts_dir: str | Path | None = None) -> Path:
+    """Write a trial folder under a hidden staging name; :func:`commit` or :func:`discard` it next."""
+    trials = _sweep_dir(outbox_dir, payload["sweep"]) / "trials"
+    trials.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".staging-{payload['trial_id']}-", dir=trials))
+    try:
+        _write_json(path / "result.json", dict(payload))
+        if records is not None and len(records):
+            records.to_parquet(path / "records.parquet", index=False)
+        if telemetry is not None and len(telemetry):
+            telemetry.to_parquet(path / "telemetry.parquet", index=False)
+        if artifacts_dir is not None and Path(artifacts_dir).is_dir():
+            shutil.copytree(artifacts_dir, path / "artifacts", symlinks=False)
+    except BaseException:
+        discard(path)  # never leave half a folder behind
+        raise
+    return path
+
+
+def commit(staged: Path) -> Path:
+    """Make a staged folder a pending outbox entry (atomic rename; oldest sorts first)."""
+    payload = json.loads((staged / "result.json").read_text())
+    final = staged.parent / f"{time.time_ns():020d}-{payload['trial_id']}"
+    os.rename(staged, final)
+    return final
+
+
+def discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_sweep(outbox_dir: Path, sweep: Mapping[str, Any]) -> Path:
+    """Store (or refresh) the sweep's parent-run payload, so a later sync can create the parent."""
+    d = _sweep_dir(outbox_dir, sweep["sweep"])
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / "sweep.json", dict(sweep))
+    return d
+
+
+def read_sweep(outbox_dir: Path, sweep: str) -> dict[str, Any] | None:
+    p = _sweep_dir(outbox_dir, sweep) / "sweep.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def write_sweep_end(outbox_dir: Path, sweep: str, data: Mapping[str, Any]) -> Path:
+    d = _sweep_dir(outbox_dir, sweep)
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / "sweep_end.json", dict(data))
+    return d / "sweep_end.json"
+
+
+def read_sweep_end(outbox_dir: Path, sweep: str) -> dict[str, Any] | None:
+    p = _sweep_dir(outbox_dir, sweep) / "sweep_end.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def clear_sweep_end(outbox_dir: Path, sweep: str) -> None:
+    (_sweep_dir(outbox_dir, sweep) / "sweep_end.json").unlink(missing_ok=True)
+
+
+def sweeps(outbox_dir: Path) -> list[str]:
+    """Sweep names with anything in the outbox."""
+    root = Path(outbox_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and not d.name.startswith(".") and (d / "sweep.json").exists():
+            out.append(json.loads((d / "sweep.json").read_text())["sweep"])
+    return out
+
+
+def pending(outbox_dir: Path, sweep: str | None = None) -> list[OutboxEntry]:
+    """Committed trial entries, oldest first (optionally of one sweep)."""
+    root = Path(outbox_dir)
+    if not root.is_dir():
+        return []
+    dirs = [_sweep_dir(root, sweep)] if sweep is not None else [d for d in root.iterdir() if d.is_dir()]
+    entries = []
+    for d in dirs:
+        trials = d / "trials"
+        if not trials.is_dir():
+            continue
+        for p in trials.iterdir():
+            if p.is_dir() and not p.name.startswith(".") and (p / "result.json").exists():
+                entries.append(OutboxEntry(p, json.loads((p / "result.json").read_text())))
+    return sorted(entries, key=lambda e: e.path.name)
+
+
+def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
+    """Delete a sweep's folder once no trial entry and no end marker is left in it."""
+    d = _sweep_dir(outbox_dir, sweep)
+    if pending(outbox_dir, sweep) or (d / "sweep_end.json").exists():
+        return False
+    trials = d / "trials"
+    if trials.is_dir() and any(trials.iterdir()):
+        return False  # a tracker is staging a trial right now
+    shutil.rmtree(d, ignore_errors=True)
+    return True
+
+
+__all__ = ["FORMAT_VERSION", "OutboxEntry", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending",
+           "read_sweep", "read_sweep_end", "records_frame", "remove_sweep_if_empty", "run_name", "safe_key",
+           "stage_trial", "sweep_payload", "sweeps", "telemetry_frame", "trial_params", "trial_payload",
+           "write_sweep", "write_sweep_end"]

@@ -1,0 +1,436 @@
+"""Telemetry of one trial: server-side /metrics deltas and sampled CPU/GPU time series.
+
+Two kinds of facts, kept apart:
+
+* **Server deltas.** vLLM V1 exposes cumulative counters and histograms on
+  ``/metrics``. A trial scrapes once before and once after its measurement
+  window; :func:`delta` turns the two :class:`MetricsSnapshot` values into flat,
+  MLflow-safe ``server_*`` metrics (means, approximate percentiles, token counts,
+  prefix hit rate). Cumulative values are summed across label sets
+  (``model_name``, ``engine``), so data-parallel engines add up.
+* **Sampled series.** :class:`TelemetrySampler` runs in background threads
+  during the window and records rows ``{"t", "name", "value"}``: per-core CPU
+  utilisation of the replica's and the client's cores, GPU utilisation and
+  memory (NVML, absent on CPU machines), and the gauges of ``/metrics`` (running,
+  waiting, KV usage) at a lower rate. :func:`summarize_series` reduces the rows
+  to ``<name>_mean`` / ``<name>_max``.
+
+The sampler lives in the workload process (on the client's cores), never in the
+replica's cgroup, so it does not steal the cores under test.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+# Short output stem -> candidate vLLM histogram names (first present wins; older names later).
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "queue": ("vllm:request_queue_time_seconds",),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+}
+# Short output stem -> candidate counter sample names (with the `_total` suffix the text format adds).
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+}
+# Short output stem -> candidate gauge names; sampled over time by TelemetrySampler.
+GAUGES: dict[str, tuple[str, ...]] = {
+    "num_requests_running": ("vllm:num_requests_running",),
+    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+QUANTILES: tuple[float, ...] = (0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """One parse of ``/metrics``.
+
+    ``values`` maps a sample name (``vllm:prompt_tokens_total``,
+    ``vllm:e2e_request_latency_seconds_sum``, a gauge name...) to its value summed
+    over every label set. ``buckets`` maps a histogram name to ``{le: cumulative
+    count}``, also summed over label sets. ``taken_at`` is a monotonic time.
+    """
+
+    values: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    taken_at: float = 0.0
+
+    def first(self, names: Iterable[str]) -> float | None:
+        """Value of the first name present (metric names differ across vLLM versions)."""
+        for n in names:
+            if n in self.values:
+                return self.values[n]
+        return None
+
+    def gauges(self) -> dict[str, float]:
+        """Current gauge values as ``server_<stem>`` (missing gauges are left out)."""
+        out = {}
+        for stem, names in GAUGES.items():
+            v = self.first(names)
+            if v is not None:
+                out[f"server_{stem}"] = v
+        return out
+
+
+def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
+    """Parse Prometheus text exposition into a :class:`MetricsSnapshot` (``_created`` samples dropped)."""
+    values: dict[str, float] = defaultdict(float)
+    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            if s.name.endswith("_bucket") and "le" in s.labels:
+                buckets[s.name[: -len("_bucket")]][float(s.labels["le"])] += s.value
+            else:
+                values[s.name] += s.value
+    return MetricsSnapshot(values=dict(values), buckets={k: dict(v) for k, v in buckets.items()},
+                           taken_at=time.monotonic() if taken_at is None else taken_at)
+
+
+class HttpSession(Protocol):
+    """The part of ``requests.Session`` that :func:`scrape` uses (injectable for tests)."""
+
+    def get(self, url: str, timeout: float) -> Any: ...
+
+
+def scrape(base_url: str, session: HttpSession | None = None, timeout_s: float = 5.0) -> MetricsSnapshot:
+    """GET ``<base_url>/metrics`` and parse it. ``session`` is requests-like; default: urllib."""
+    url = base_url.rstrip("/") + "/metrics"
+    if session is not None:
+        resp = session.get(url, timeout=timeout_s)
+        resp.raise_for_status()
+        text = resp.text
+    else:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http URL we were given)
+            text = resp.read().decode("utf-8")
+    return parse_metrics(text)
+
+
+def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:
+    """Prometheus-style quantile from cumulative bucket counts ``{le: count}``.
+
+    rank = q * total; the first bucket whose cumulative count reaches rank holds the
+    quantile, interpolated linearly between its lower and upper bound (lower bound of
+    the first bucket is 0). A quantile in the +Inf bucket returns the largest finite
+    bound, as Prometheus does. Returns None when the window holds no observations.
+    """
+    les = sorted(cumulative)
+    if not les:
+        return None
+    total = cumulative[les[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le in les:
+        count = cumulative[le]
+        if count >= rank:
+            if math.isinf(le):
+                finite = [x for x in les if not math.isinf(x)]
+                return finite[-1] if finite else None
+            in_bucket = count - prev_count
+            if in_bucket <= 0:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / in_bucket
+        prev_le, prev_count = le, count
+    return None
+
+
+def _counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, names: Iterable[str]) -> float | None:
+    for n in names:
+        if n in after.values:
+            d = after.values[n] - before.values.get(n, 0.0)
+            return d if d >= 0 else None  # negative: the server restarted inside the window
+    return None
+
+
+def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """Server metrics over the window between two snapshots, as ``server_*`` floats.
+
+    For each histogram stem (ttft, queue, prefill, decode, itl, e2e):
+      ``server_<stem>_s_mean`` = Δsum / Δcount, ``server_<stem>_count`` = Δcount,
+      ``server_<stem>_s_p50`` / ``_p90`` from the bucket deltas (:func:`histogram_quantile`).
+      These are only as fine as vLLM's buckets (request-phase buckets start at 0.3 s, so a
+      1 ms queue time reads p50 0.15 s); exact percentiles come from the client's records.
+    Counters: ``server_<stem>`` = Δ value; ``server_prefix_hit_rate`` = Δhits / Δqueries;
+    ``server_<prompt|generation>_tokens_per_s`` = Δtokens / window seconds.
+    Derived: ``server_frontend_s_mean`` = ttft_mean − (queue_mean + prefill_mean), the
+    frontend (tokenization, detokenization) and IPC share of TTFT — a CPU-attribution metric.
+    Metrics absent from this vLLM version, or with no observations, are left out. Gauges
+    (running, waiting, KV usage) have no meaningful delta: :class:`TelemetrySampler` samples them.
+    """
+    out: dict[str, float] = {}
+    window = after.taken_at - before.taken_at
+    for stem, names in HISTOGRAMS.items():
+        name = next((n for n in names if f"{n}_count" in after.values), None)
+        if name is None:
+            continue
+        d_count = _counter_delta(before, after, [f"{name}_count"])
+        d_sum = _counter_delta(before, after, [f"{name}_sum"])
+        if d_count is None or d_count <= 0 or d_sum is None:
+            continue
+        out[f"server_{stem}_count"] = d_count
+        out[f"server_{stem}_s_mean"] = d_sum / d_count
+        b_after = after.buckets.get(name, {})
+        b_before = before.buckets.get(name, {})
+        diff = {le: c - b_before.get(le, 0.0) for le, c in b_after.items()}
+        if diff and all(v >= 0 for v in diff.values()):
+            for q in QUANTILES:
+                v = histogram_quantile(q, diff)
+                if v is not None:
+                    out[f"server_{stem}_s_p{round(q * 100)}"] = v
+    for stem, names in COUNTERS.items():
+        d = _counter_delta(before, after, names)
+        if d is not None:
+            out[f"server_{stem}"] = d
+    if out.get("server_prefix_cache_queries", 0) > 0 and "server_prefix_cache_hits" in out:
+        out["server_prefix_hit_rate"] = out["server_prefix_cache_hits"] / out["server_prefix_cache_queries"]
+    if window > 0:
+        for stem in ("prompt_tokens", "generation_tokens"):
+            if f"server_{stem}" in out:
+                out[f"server_{stem}_per_s"] = out[f"server_{stem}"] / window
+    if all(f"server_{s}_s_mean" in out for s in ("ttft", "queue", "prefill")):
+        out["server_frontend_s_mean"] = (
+            out["server_ttft_s_mean"] - (out["server_queue_s_mean"] + out["server_prefill_s_mean"]))
+    return out
+
+
+class GpuReader(Protocol):
+    """Reads ``{index: (util_percent, mem_used_gib)}`` for the GPUs being watched."""
+
+    def read(self) -> dict[int, tuple[float, float]]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlReader:
+    """GPU utilisation and memory through NVML (nvidia-ml-py). Indices are NVML (physical) indices."""
+
+    def __init__(self, indices: Sequence[int] | None = None) -> None:
+        import pynvml  # nvidia-ml-py; ImportError on CPU-only installs
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        wanted = range(count) if indices is None else [i for i in indices if 0 <= i < count]
+        self._handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in wanted}
+
+    def read(self) -> dict[int, tuple[float, float]]:
+        out = {}
+        for i, h in self._handles.items():
+            util = self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30
+            out[i] = (float(util), float(mem))
+        return out
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 (shutdown of an absent driver is not our concern)
+            pass
+
+
+def open_gpu_reader(indices: Sequence[int] | None = None) -> GpuReader | None:
+    """An NVML reader, or None where there is no NVML (no package, no driver, no GPU)."""
+    try:
+        reader = NvmlReader(indices)
+    except Exception as exc:  # noqa: BLE001 (ImportError, NVMLError_LibraryNotFound, ...)
+        log.debug("no GPU telemetry: %s", exc)
+        return None
+    if not reader._handles:
+        reader.close()
+        return None
+    return reader
+
+
+class PerCpuUtil:
+    """Busy percent per logical CPU since the previous call, from ``psutil.cpu_times(percpu=True)``.
+
+    Keeps its own previous sample, unlike ``psutil.cpu_percent`` whose module-level state is
+    shared with (and disturbed by) any other caller in the process.
+    """
+
+    def __init__(self) -> None:
+        self._last = psutil.cpu_times(percpu=True)
+
+    def __call__(self) -> list[float]:
+        now = psutil.cpu_times(percpu=True)
+        out = []
+        for a, b in zip(self._last, now):
+            idle = (b.idle - a.idle) + (getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0))
+            # guest time is already counted in user/nice on Linux
+            total = (sum(b) - getattr(b, "guest", 0.0) - getattr(b, "guest_nice", 0.0)) - (
+                sum(a) - getattr(a, "guest", 0.0) - getattr(a, "guest_nice", 0.0))
+            out.append(0.0 if total <= 0 else max(0.0, min(100.0, 100.0 * (1.0 - idle / total))))
+        self._last = now
+        return out
+
+
+class TelemetrySampler:
+    """Background sampling of CPU, GPU and server gauges during a trial's measurement window.
+
+    Rows are ``{"t": seconds since start(), "name": str, "value": float}``:
+    ``replica_cpu_util`` / ``client_cpu_util`` (mean percent over the set), ``cpu<N>_util``
+    per core of either set, ``gpu<N>_util`` (percent) and ``gpu<N>_mem_gib``, and
+    ``server_num_requests_running`` / ``_waiting`` / ``server_kv_cache_usage_perc``.
+    CPU and GPU are sampled at ``hz``; ``/metrics`` at ``metrics_hz`` in its own thread so a
+    slow scrape of a starved server never delays the CPU samples. Collaborators (clock, CPU
+    reader, scraper, GPU reader) are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_cpus: Iterable[int] = (),
+        client_cpus: Iterable[int] = (),
+        metrics_url: str | None = None,
+        hz: float = 10.0,
+        metrics_hz: float = 1.0,
+        gpu_indices: Sequence[int] | None = None,
+        gpu_reader: GpuReader | None | bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_percent: Callable[[], list[float]] | None = None,
+        scraper: Callable[[str], MetricsSnapshot] = scrape,
+    ) -> None:
+        if hz <= 0 or metrics_hz <= 0:
+            raise ValueError("sampling rates must be positive")
+        self.replica_cpus = tuple(sorted(set(replica_cpus)))
+        self.client_cpus = tuple(sorted(set(client_cpus)))
+        self.metrics_url = metrics_url
+        self.period = 1.0 / hz
+        self.metrics_period = 1.0 / metrics_hz
+        self._gpu_arg = gpu_reader
+        self._gpu_indices = gpu_indices
+        self._gpu: GpuReader | None = None
+        self._clock = clock
+        self._cpu_percent = cpu_percent if cpu_percent is not None else PerCpuUtil()
+        self._scraper = scraper
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._t0 = 0.0
+        self.errors: dict[str, int] = defaultdict(int)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> "TelemetrySampler":
+        if self._threads:
+            raise RuntimeError("sampler already started")
+        if self._gpu_arg is True:
+            self._gpu = open_gpu_reader(self._gpu_indices)
+        elif self._gpu_arg not in (False, None):
+            self._gpu = self._gpu_arg  # type: ignore[assignment]
+        self._cpu_percent()  # start the first CPU interval now, not at construction
+        self._t0 = self._clock()
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop, args=(self._sample_host, self.period),
+                                          name="telemetry-host", daemon=True)]
+        if self.metrics_url:
+            self._threads.append(threading.Thread(target=self._loop, args=(self._sample_server, self.metrics_period),
+                                                  name="telemetry-metrics", daemon=True))
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop sampling (idempotent) and return every row so far, ordered by time."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self._gpu is not None and self._gpu_arg is True:
+            self._gpu.close()
+            self._gpu = None
+        with self._lock:
+            return sorted(self._rows, key=lambda r: r["t"])
+
+    def __enter__(self) -> "TelemetrySampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._rows)
+
+    # -- sampling ------------------------------------------------------------------------
+    def _loop(self, sample: Callable[[float], None], period: float) -> None:
+        next_at = self._clock() + period  # first sample one period in: CPU busy needs an interval
+        while not self._stop.wait(max(0.0, next_at - self._clock())):
+            try:
+                sample(self._clock() - self._t0)
+            except Exception as exc:  # noqa: BLE001 (a bad sample must never end the trial)
+                name = sample.__name__
+                if self.errors[name] == 0:
+                    log.warning("telemetry %s failed (further failures counted only): %s", name, exc)
+                self.errors[name] += 1
+            next_at += period
+
+    def _add(self, t: float, values: Mapping[str, float]) -> None:
+        rows = [{"t": t, "name": k, "value": float(v)} for k, v in values.items()]
+        with self._lock:
+            self._rows.extend(rows)
+
+    def _sample_host(self, t: float) -> None:
+        per_core = self._cpu_percent()
+        values: dict[str, float] = {}
+        for label, cpus in (("replica", self.replica_cpus), ("client", self.client_cpus)):
+            got = [per_core[c] for c in cpus if c < len(per_core)]
+            if got:
+                values[f"{label}_cpu_util"] = sum(got) / len(got)
+        for c in sorted(set(self.replica_cpus) | set(self.client_cpus)):
+            if c < len(per_core):
+                values[f"cpu{c}_util"] = per_core[c]
+        if self._gpu is not None:
+            for i, (util, mem) in self._gpu.read().items():
+                values[f"gpu{i}_util"] = util
+                values[f"gpu{i}_mem_gib"] = mem
+        self._add(t, values)
+
+    def _sample_server(self, t: float) -> None:
+        assert self.metrics_url is not None
+        self._add(t, self._scraper(self.metrics_url).gauges())
+
+
+def summarize_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """``<name>_mean`` and ``<name>_max`` of every series (NaN and None values skipped)."""
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        v = r.get("value")
+        if v is None:
+            continue
+        v = float(v)
+        if math.isnan(v):
+            continue
+        by_name[str(r["name"])].append(v)
+    out: dict[str, float] = {}
+    for name, vals in sorted(by_name.items()):
+        out[f"{name}_mean"] = sum(vals) / len(vals)
+        out[f"{name}_max"] = max(vals)
+    return out
+
+
+__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
+           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "scrape", "summarize_series"]

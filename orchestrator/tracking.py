@@ -1,0 +1,433 @@
+"""Tracking as an observer: sweep/trial callbacks and their MLflow implementation.
+
+MLflow layout (one experiment, default name = the sweep name):
+
+* **Parent run** per sweep, named after it; tags ``sweep``, ``orchestrator.kind=sweep``,
+  ``git_commit``; params = the grid; artifacts ``spec.yaml`` (when the file is known),
+  ``spec.json`` (resolved) and the plan table ``plan.json``. Re-running the sweep
+  re-attaches to it by the ``sweep`` tag instead of creating another.
+* **Child run** per trial result, nested with ``mlflow.parentRunId``; tags ``trial_id``,
+  ``sweep``, ``orchestrator.kind=trial``, ``error_kind`` (+ ``error_message``),
+  ``superseded``; params written once at creation; metrics (summary at step 0,
+  sampled series as ``ts/<name>`` with step = milliseconds since the sampler started);
+  artifacts ``records.parquet``, ``telemetry.parquet`` and the trial's artifacts folder.
+
+Resume policy: a trial_id with a FINISHED child run is never logged again (a repeated
+result is dropped with a warning). A trial that failed and runs again (a retry, or a
+later re-run of the sweep) gets a *new* child run; the earlier non-finished runs of that
+trial_id stay as history, tagged ``superseded=true`` and ``superseded_by=<run id>``.
+Filter ``tags.superseded = 'false'`` to see the latest attempt of every trial.
+
+The child run is created only after the trial ended (``on_trial_result``), in one go, so
+tracking I/O never overlaps the measurement and a crash never leaves a half-run behind.
+When the server is unreachable the result goes to the local outbox (see
+``orchestrator.outbox``) and :func:`sync_outbox` uploads it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag, ViewType
+
+from orchestrator import outbox
+from orchestrator.plan import SweepPlan, TrialSpec
+from orchestrator.results import TrialResult
+from orchestrator.telemetry import summarize_series
+
+log = logging.getLogger(__name__)
+
+# Bounded client retries: a dead server must cost seconds, not MLflow's default ~4 minutes.
+# And no "View run at ..." line on stdout per run (we log it instead). Only defaults: a
+# user's own setting wins.
+_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+_BATCH_PARAMS = 100
+_BATCH_METRICS = 1000
+_SWEEP_KIND = "tags.`orchestrator.kind` = 'sweep'"
+_TRIAL_KIND = "tags.`orchestrator.kind` = 'trial'"
+
+
+class Callback(Protocol):
+    """An observer of a sweep. Called by the controller, never on a request's hot path."""
+
+    def on_sweep_start(self, plan: SweepPlan) -> None: ...
+    def on_trial_start(self, trial: TrialSpec) -> None: ...
+    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None: ...
+    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None: ...
+
+
+class CallbackList:
+    """Fans every event out to several callbacks; one callback's exception is logged, never raised."""
+
+    def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
+        self.callbacks = list(callbacks)
+
+    def _fan(self, method: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 (an observer must never kill the sweep)
+                log.exception("callback %s.%s failed", type(cb).__name__, method)
+
+    def on_sweep_start(self, plan: SweepPlan) -> None:
+        self._fan("on_sweep_start", plan)
+
+    def on_trial_start(self, trial: TrialSpec) -> None:
+        self._fan("on_trial_start", trial)
+
+    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None:
+        self._fan("on_trial_result", trial, result)
+
+    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
+        self._fan("on_sweep_end", plan, results)
+
+
+def mlflow_server_ok(uri: str, timeout_s: float = 2.0) -> bool:
+    """True when an http(s) tracking server answers ``/health``; non-HTTP stores count as up."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as resp:  # noqa: S310
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the working directory, or None (no git, no repo, no commit)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _ms(seconds: float | None) -> int | None:
+    return int(seconds * 1000) if seconds else None
+
+
+def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Any]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, ViewType.ACTIVE_ONLY,
+                                  max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return client.create_experiment(name, tags={"orchestrator": "cpu-starvation-sweep"})
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+def _find_parent(client: MlflowClient, experiment_id: str, sweep: str) -> str | None:
+    runs = _search_all(client, experiment_id, f"tags.sweep = '{sweep}' and {_SWEEP_KIND}")
+    runs.sort(key=lambda r: r.info.start_time or 0)  # the oldest parent is the sweep's home
+    return runs[0].info.run_id if runs else None
+
+
+def ensure_parent(client: MlflowClient, sweep: Mapping[str, Any], *, reopen: bool) -> tuple[str, str]:
+    """(experiment id, parent run id) of a sweep: re-attached by its ``sweep`` tag, else created.
+
+    Creation logs the params, the spec and the plan table once. ``reopen`` marks a re-attached
+    parent RUNNING again and counts the resume (tag ``resumes``).
+    """
+    exp_id = _experiment_id(client, sweep["experiment"])
+    parent = _find_parent(client, exp_id, sweep["sweep"])
+    if parent is not None:
+        if reopen:
+            run = client.get_run(parent)
+            resumes = int(run.data.tags.get("resumes", "0")) + 1
+            client.update_run(parent, status="RUNNING")
+            client.set_tag(parent, "resumes", str(resumes))
+        return exp_id, parent
+    run = client.create_run(exp_id, tags=dict(sweep["tags"]), run_name=sweep["sweep"])
+    parent = run.info.run_id
+    client.log_batch(parent, params=[Param(k, v) for k, v in sweep["params"].items()])
+    client.log_dict(parent, sweep["spec"], "spec.json")
+    if sweep.get("spec_yaml"):
+        client.log_text(parent, sweep["spec_yaml"], "spec.yaml")
+    if sweep.get("plan"):
+        import pandas as pd
+        # object dtype: pandas 3 string columns make log_table emit a deprecation warning
+        client.log_table(parent, data=pd.DataFrame(sweep["plan"]).astype(object), artifact_file="plan.json")
+    return exp_id, parent
+
+
+def _series_metrics(path: Path | None, started_at: float, max_points: int) -> list[Metric]:
+    """Sampled series as ``ts/<name>`` metrics, stride-downsampled to ``max_points`` per name."""
+    if path is None:
+        return []
+    import pandas as pd
+
+    frame = pd.read_parquet(path).dropna(subset=["value"])
+    base_ms = int(started_at * 1000) if started_at else int(time.time() * 1000)
+    out: list[Metric] = []
+    for name, group in frame.groupby("name", sort=True):
+        stride = max(1, -(-len(group) // max_points))
+        for t, v in zip(group["t"].to_numpy()[::stride], group["value"].to_numpy()[::stride]):
+            ms = int(round(float(t) * 1000))
+            out.append(Metric(f"ts/{outbox.safe_key(str(name))}", float(v), base_ms + ms, ms))
+    return out
+
+
+def upload_trial(client: MlflowClient, experiment_id: str, parent_run_id: str, entry: outbox.OutboxEntry,
+                 *, max_series_points: int = 1000) -> str | None:
+    """Create the child run of one staged/outbox trial folder. Returns its run id, or None when skipped.
+
+    Skipped (not an error): the same upload already completed (a sync that died before
+    deleting the folder), or the trial_id already has a FINISHED run. Earlier non-finished
+    runs of the trial_id are tagged ``superseded=true`` after the new run is complete.
+    """
+    p = entry.payload
+    existing = _search_all(client, experiment_id, f"tags.trial_id = '{p['trial_id']}' and {_TRIAL_KIND}")
+    for r in existing:
+        if r.data.tags.get("upload_id") == p["upload_id"] and r.info.status in ("FINISHED", "FAILED"):
+            log.info("trial %s: this result is already uploaded as run %s", p["trial_id"], r.info.run_id)
+            return None
+        if r.info.status == "FINISHED":
+            log.warning("trial %s already has a FINISHED run %s; not logging it again", p["trial_id"], r.info.run_id)
+            return None
+    tags = {**p["tags"], "mlflow.parentRunId": parent_run_id, "upload_id": p["upload_id"],
+            "superseded": "false", "attempt": str(len(existing) + 1)}
+    run = client.create_run(experiment_id, start_time=_ms(p.get("started_at")), tags=tags, run_name=p["run_name"])
+    run_id = run.info.run_id
+    params = [Param(k, v) for k, v in p["params"].items()]
+    for i in range(0, len(params), _BATCH_PARAMS):
+        client.log_batch(run_id, params=params[i:i + _BATCH_PARAMS])
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in p["metrics"].items()]
+    metrics += _series_metrics(entry.file("telemetry.parquet"), p.get("started_at") or 0.0, max_series_points)
+    for i in range(0, len(metrics), _BATCH_METRICS):
+        client.log_batch(run_id, metrics=metrics[i:i + _BATCH_METRICS])
+    for name in ("records.parquet", "telemetry.parquet", "result.json"):
+        f = entry.file(name)
+        if f is not None:
+            client.log_artifact(run_id, str(f))
+    arts = entry.file("artifacts")
+    if arts is not None and any(arts.iterdir()):
+        client.log_artifacts(run_id, str(arts))
+    client.set_terminated(run_id, p["status"], end_time=_ms(p.get("ended_at")))
+    for r in existing:
+        if r.data.tags.get("superseded") == "true":
+            continue  # already points at the attempt that replaced it
+        client.log_batch(r.info.run_id, tags=[RunTag("superseded", "true"), RunTag("superseded_by", run_id)])
+        if r.info.status == "RUNNING":  # an upload that died half-way
+            client.set_terminated(r.info.run_id, "KILLED")
+    log.info("trial %s logged as run %s (%s)", p["trial_id"], run_id, p["status"])
+    return run_id
+
+
+def _finish_parent(client: MlflowClient, experiment_id: str, parent_run_id: str, sweep: str) -> None:
+    """Count the sweep's latest trial runs into parent metrics and mark the parent FINISHED."""
+    runs = _search_all(client, experiment_id, f"tags.sweep = '{sweep}' and {_TRIAL_KIND} "
+                                              "and tags.superseded = 'false'")
+    finished = sum(r.info.status == "FINISHED" for r in runs)
+    failed = sum(r.info.status == "FAILED" for r in runs)
+    now = int(time.time() * 1000)
+    client.log_batch(parent_run_id, metrics=[Metric("trials_finished", finished, now, 0),
+                                             Metric("trials_failed", failed, now, 0)])
+    client.set_terminated(parent_run_id, "FINISHED")
+
+
+class MlflowTracker(Callback):
+    """The MLflow callback. See the module docstring for the layout and the resume policy."""
+
+    def __init__(self, tracking_uri: str, *, experiment: str | None = None, outbox_dir: Path,
+                 spec_path: Path | None = None, client: MlflowClient | None = None,
+                 health_timeout_s: float = 2.0, max_series_points: int = 1000) -> None:
+        for k, v in _CLIENT_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.outbox_dir = Path(outbox_dir)
+        self.spec_path = Path(spec_path) if spec_path else None
+        self.client = client or MlflowClient(tracking_uri)
+        self.health_timeout_s = health_timeout_s
+        self.max_series_points = max_series_points
+        self._lock = threading.Lock()
+        self._sweep: dict[str, Any] | None = None
+        self._exp_id: str | None = None
+        self._parent_id: str | None = None
+        self._git = git_commit()
+
+    # -- helpers -------------------------------------------------------------------------
+    def _up(self) -> bool:
+        return mlflow_server_ok(self.tracking_uri, self.health_timeout_s)
+
+    def _experiment_name(self, sweep: str) -> str:
+        return self.experiment or sweep
+
+    def _attach(self, reopen: bool) -> tuple[str, str]:
+        assert self._sweep is not None, "on_sweep_start was not called"
+        if self._parent_id is None or self._exp_id is None:
+            self._exp_id, self._parent_id = ensure_parent(self.client, self._sweep, reopen=reopen)
+        return self._exp_id, self._parent_id
+
+    def _sweep_for(self, trial: TrialSpec) -> dict[str, Any]:
+        if self._sweep is None:  # a result without on_sweep_start: a parent with what we know
+            self._sweep = {"version": outbox.FORMAT_VERSION, "sweep": trial.sweep,
+                           "experiment": self._experiment_name(trial.sweep),
+                           "tags": {"sweep": trial.sweep, "orchestrator.kind": "sweep"},
+                           "params": {}, "plan": [], "spec": {}, "spec_yaml": None}
+        return self._sweep
+
+    # -- callbacks -----------------------------------------------------------------------
+    def _set_sweep(self, plan: SweepPlan) -> None:
+        spec_yaml = self.spec_path.read_text() if self.spec_path and self.spec_path.exists() else None
+        self._sweep = outbox.sweep_payload(plan, experiment=self._experiment_name(plan.spec.name),
+                                           git_commit=self._git, spec_yaml=spec_yaml)
+        self._exp_id = self._parent_id = None
+
+    def on_sweep_start(self, plan: SweepPlan) -> None:
+        with self._lock:
+            self._set_sweep(plan)
+            if not self._up():
+                log.warning("MLflow at %s is unreachable: results of sweep %s go to the outbox %s; "
+                            "upload them later with `orchestrator sync`", self.tracking_uri, plan.spec.name,
+                            self.outbox_dir)
+                return
+            try:
+                self._attach(reopen=True)
+            except Exception as exc:  # noqa: BLE001 (tracking trouble never stops a sweep)
+                log.warning("MLflow parent run for sweep %s not created yet (%s); will retry per trial",
+                            plan.spec.name, exc)
+
+    def on_trial_start(self, trial: TrialSpec) -> None:
+        # No I/O: the child run is created in one go once the trial has ended.
+        log.debug("trial %s (%s) started", trial.trial_id, outbox.run_name(trial))
+
+    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None:
+        with self._lock:
+            sweep = self._sweep_for(trial)
+            payload = outbox.trial_payload(trial, result, git_commit=self._git,
+                                           extra_metrics=summarize_series(result.telemetry))
+            staged = outbox.stage_trial(self.outbox_dir, payload, records=outbox.records_frame(result.records),
+                                        telemetry=outbox.telemetry_frame(result.telemetry),
+                                        artifacts_dir=result.artifacts_dir)
+            if result.artifacts_dir and not Path(result.artifacts_dir).is_dir():
+                log.warning("trial %s: artifacts folder %s not found", trial.trial_id, result.artifacts_dir)
+            reason = "unreachable"
+            if self._up():
+                try:
+                    exp_id, parent = self._attach(reopen=True)
+                    upload_trial(self.client, exp_id, parent, outbox.OutboxEntry(staged, payload),
+                                 max_series_points=self.max_series_points)
+                    outbox.discard(staged)
+                    return
+                except Exception as exc:  # noqa: BLE001 (anything: keep the result locally)
+                    reason = f"failed: {type(exc).__name__}: {exc}"
+            outbox.write_sweep(self.outbox_dir, sweep)
+            path = outbox.commit(staged)
+            log.warning("MLflow at %s %s; trial %s (%s) saved to the outbox %s; upload later with "
+                        "`orchestrator sync`", self.tracking_uri, reason, trial.trial_id, payload["run_name"], path)
+
+    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
+        with self._lock:
+            sweep = plan.spec.name
+            if self._sweep is None or self._sweep["sweep"] != sweep or not self._sweep["plan"]:
+                self._set_sweep(plan)
+            if self._up():
+                try:
+                    exp_id, parent = self._attach(reopen=False)
+                    self._flush_outbox(sweep)
+                    if not outbox.pending(self.outbox_dir, sweep):
+                        _finish_parent(self.client, exp_id, parent, sweep)
+                        outbox.clear_sweep_end(self.outbox_dir, sweep)
+                        outbox.remove_sweep_if_empty(self.outbox_dir, sweep)
+                        return
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("MLflow: could not close sweep %s: %s", sweep, exc)
+            outbox.write_sweep(self.outbox_dir, self._sweep)
+            outbox.write_sweep_end(self.outbox_dir, sweep, {"ended_at": time.time(), "results": len(results)})
+            log.warning("sweep %s ended with results still in the outbox %s; run `orchestrator sync`",
+                        sweep, self.outbox_dir)
+
+    def _flush_outbox(self, sweep: str) -> None:
+        """Upload this sweep's earlier outbox entries now that the server answers again."""
+        assert self._exp_id is not None and self._parent_id is not None
+        for entry in outbox.pending(self.outbox_dir, sweep):
+            upload_trial(self.client, self._exp_id, self._parent_id, entry, max_series_points=self.max_series_points)
+            outbox.discard(entry.path)
+
+    # -- queries -------------------------------------------------------------------------
+    def finished_trial_ids(self, sweep: str) -> set[str]:
+        """trial_ids with a FINISHED run on the server, plus FINISHED results waiting in the outbox.
+
+        With the server unreachable this warns and returns the outbox part only: the sweep then
+        re-runs trials, and the upload later drops results of trials already FINISHED there.
+        """
+        local = {e.trial_id for e in outbox.pending(self.outbox_dir, sweep) if e.payload["status"] == "FINISHED"}
+        if not self._up():
+            log.warning("MLflow at %s is unreachable: resume sees only the outbox (%d finished)",
+                        self.tracking_uri, len(local))
+            return local
+        try:
+            exp = self.client.get_experiment_by_name(self._experiment_name(sweep))
+            if exp is None:
+                return local
+            runs = _search_all(self.client, exp.experiment_id,
+                               f"tags.sweep = '{sweep}' and {_TRIAL_KIND} and attributes.status = 'FINISHED'")
+        except Exception as exc:  # noqa: BLE001 (resume must not crash the sweep)
+            log.warning("MLflow search failed (%s): resume sees only the outbox (%d finished)", exc, len(local))
+            return local
+        return local | {r.data.tags["trial_id"] for r in runs}
+
+
+def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | None = None,
+                max_series_points: int = 1000) -> tuple[int, int]:
+    """Upload every outbox entry; returns (uploaded, remaining).
+
+    Parents are re-attached (or created from ``sweep.json``); a trial already FINISHED on the
+    server is dropped, never duplicated. Each folder is removed only after its upload
+    succeeded; a sweep that ended while offline is closed once all its trials are up.
+    """
+    for k, v in _CLIENT_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    outbox_dir = Path(outbox_dir)
+    if not mlflow_server_ok(tracking_uri):
+        left = len(outbox.pending(outbox_dir))
+        log.warning("MLflow at %s is unreachable; %d outbox entries left in %s", tracking_uri, left, outbox_dir)
+        return 0, left
+    client = client or MlflowClient(tracking_uri)
+    uploaded = 0
+    for sweep in outbox.sweeps(outbox_dir):
+        info = outbox.read_sweep(outbox_dir, sweep)
+        assert info is not None
+        try:
+            exp_id, parent = ensure_parent(client, info, reopen=False)
+            for entry in outbox.pending(outbox_dir, sweep):
+                if upload_trial(client, exp_id, parent, entry, max_series_points=max_series_points):
+                    uploaded += 1
+                outbox.discard(entry.path)
+            if outbox.read_sweep_end(outbox_dir, sweep) is not None:
+                _finish_parent(client, exp_id, parent, sweep)
+                outbox.clear_sweep_end(outbox_dir, sweep)
+            outbox.remove_sweep_if_empty(outbox_dir, sweep)
+        except Exception as exc:  # noqa: BLE001 (keep the rest for the next sync)
+            log.warning("sync of sweep %s stopped: %s: %s", sweep, type(exc).__name__, exc)
+    remaining = len(outbox.pending(outbox_dir))
+    return uploaded, remaining
+
+
+__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "mlflow_server_ok",
+           "sync_outbox", "upload_trial"]
