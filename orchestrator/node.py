@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class ReplicaActor:
         self.replica: VllmReplica | None = None
         self.sampler: TelemetrySampler | None = None
         self.before: Any = None
+        self.tokenizer_path = ""
 
     def node_facts(self) -> dict[str, str]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
@@ -101,6 +103,10 @@ class ReplicaActor:
     def start(self, cores: list[int]) -> dict[str, Any]:
         """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
         model_dir = self.model_dir()
+        if self.trial.start == "repin":
+            # A shared replica's prefix cache must be emptied between trials; vLLM only exposes
+            # /reset_prefix_cache in dev mode.
+            os.environ["VLLM_SERVER_DEV_MODE"] = "1"
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         self.replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
                                    self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
@@ -109,9 +115,27 @@ class ReplicaActor:
             self.replica.wait_healthy(self.trial.server.startup_timeout_s)
         except ReplicaError as exc:
             return {"error_kind": exc.kind.value, "message": str(exc)}
-        return {"base_url": self.replica.base_url, "model_dir": model_dir,
-                "tokenizer_path": str(Path(model_dir) / "tokenizer.json"),
+        self.tokenizer_path = str(Path(model_dir) / "tokenizer.json")
+        return {"base_url": self.replica.base_url, "model_dir": model_dir, "tokenizer_path": self.tokenizer_path,
                 "params": self.replica.params()}
+
+    def repin(self, cores: list[int]) -> dict[str, Any]:
+        """Move the live replica to ``cores`` and empty its prefix cache, so the next trial starts cold."""
+        assert self.replica is not None
+        try:
+            seconds = self.replica.repin(frozenset(cores))
+        except ReplicaError as exc:
+            return {"error_kind": exc.kind.value, "message": str(exc)}
+        req = urllib.request.Request(self.replica.base_url + "/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            reset = resp.status == 200
+        return {"base_url": self.replica.base_url, "tokenizer_path": self.tokenizer_path, "repin_s": seconds,
+                "params": {**self.replica.params(), "repinned": True, "prefix_cache_reset": reset}}
+
+    def files(self) -> dict[str, bytes]:
+        """The node-side files so far (the replica keeps running)."""
+        return {f.name: f.read_bytes() for f in self.workdir.iterdir()
+                if f.is_file() and f.stat().st_size < 64 << 20}
 
     def verify(self) -> dict[str, Any]:
         assert self.replica is not None
@@ -137,11 +161,7 @@ class ReplicaActor:
             self.sampler.stop()
         if self.replica is not None:
             self.replica.stop()
-        out = {}
-        for f in self.workdir.iterdir():
-            if f.is_file() and f.stat().st_size < 64 << 20:
-                out[f.name] = f.read_bytes()
-        return out
+        return self.files()
 
 
 @ray.remote(num_cpus=0)

@@ -95,19 +95,39 @@ def expand(spec: SweepSpec) -> SweepPlan:
 
     The order is model → hardware → gpus → vllm variant → workload → start → restriction → repeat → cores,
     so consecutive trials differ only in cores: that is the order in which a `repin` replica or a warm
-    compile cache is reused.
+    compile cache is reused. ``grid.calibrate`` adds the start mode the grid lacks for those core counts.
     """
     g = spec.grid
+    starts = list(g.start)
+    if g.calibrate:
+        starts += [m for m in ("fresh", "repin") if m not in starts]
     trials = []
-    for model, hw, gpus, variant, workload, start, restriction, repeat, cores in itertools.product(
-        spec.models, g.hardware, g.gpus, g.vllm, spec.workloads, g.start, g.restriction,
-        range(spec.repeats), sorted(g.cores),
+    for model, hw, gpus, variant, workload, start, restriction, repeat in itertools.product(
+        spec.models, g.hardware, g.gpus, g.vllm, spec.workloads, starts, g.restriction, range(spec.repeats),
     ):
-        trials.append(TrialSpec(
-            sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
-            start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client, repeat=repeat,
-        ))
+        for cores in _cores_for(start, g.start, g.cores, g.calibrate):
+            trials.append(TrialSpec(
+                sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
+                start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
+                repeat=repeat,
+            ))
     return SweepPlan(spec=spec, trials=tuple(trials))
+
+
+def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calibrate: tuple[int, ...]) -> list[int]:
+    """Core counts of one start mode, in run order.
+
+    fresh: ascending. repin: descending, so one replica starts on the most cores and is re-pinned down
+    (the way a live re-pin was measured). A mode added only for calibration runs the calibrated counts,
+    plus (for repin) the largest count as the replica's starting point.
+    """
+    if start in asked:
+        wanted = set(cores) | set(calibrate)
+    elif start == "repin":
+        wanted = set(calibrate) | {max(cores)}
+    else:
+        wanted = set(calibrate)
+    return sorted(wanted, reverse=(start == "repin"))
 
 
 __all__ = ["SweepPlan", "TrialSpec", "expand", "trial_hash"]

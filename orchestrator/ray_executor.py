@@ -3,15 +3,25 @@
 Placement: a placement group with one bundle ``{"CPU": cores, "GPU": gpus}``
 (plus the hardware's ``accelerator_type`` resource) reserves the node; the
 node's core agent then gives the replica and the client real, disjoint cores.
+
+Two start modes:
+- ``fresh``: every trial starts its own vLLM, pinned from the start (compile
+  caches are shared, so restarts are warm). Faithful; the default.
+- ``repin``: consecutive trials that differ only in cores share one live
+  replica, re-pinned between trials (and its prefix cache reset). Fast; its
+  thread pools keep their startup size, so reports flag it.
+
 Every failure becomes data (``TrialResult.failed``); actor and node loss map to
-the retryable ``NODE_DIED``. Capacity is released in exactly one place: the
-``finally`` of :meth:`RayTrialExecutor.execute`.
+the retryable ``NODE_DIED``. Capacity is released in exactly one place:
+:meth:`_Lease.close`, called from ``finally`` (fresh) or when the warm replica
+is no longer wanted (repin, and :meth:`RayTrialExecutor.close`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +31,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
-from orchestrator.plan import TrialSpec
+from orchestrator.plan import SweepPlan, TrialSpec, trial_hash
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
 from orchestrator.summary import summarize_trial
 
@@ -32,14 +42,19 @@ class TrialFailure(Exception):
         self.kind = kind
 
 
-def bundle_for(trial: TrialSpec) -> dict[str, float]:
+def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
     """Ray resources that reserve the trial's node (bookkeeping; enforcement is ours)."""
-    bundle: dict[str, float] = {"CPU": float(trial.cores)}
+    bundle: dict[str, float] = {"CPU": float(cores or trial.cores)}
     if trial.gpus:
         bundle["GPU"] = float(trial.gpus)
     if trial.hardware.lower() != "cpu":
         bundle[f"accelerator_type:{trial.hardware}"] = 0.001
     return bundle
+
+
+def replica_key(trial: TrialSpec) -> str:
+    """Trials with the same key can share one live replica: they differ only in cores or repeat."""
+    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "cores", "repeat"}))
 
 
 def _fits_somewhere(bundle: dict[str, float]) -> str | None:
@@ -56,88 +71,186 @@ def _fits_somewhere(bundle: dict[str, float]) -> str | None:
     return f"no node can hold {{{want}}}; nodes have: {have or 'none'}"
 
 
-class RayTrialExecutor:
-    """Runs trials one at a time; ``home`` is the driver's folder for trial artifacts."""
+@dataclass
+class _Lease:
+    """A reserved node slot with its replica actor: what one fresh trial, or one repin group, holds."""
 
-    def __init__(self, home: Path, *, placement_timeout_s: float = 300.0) -> None:
+    key: str
+    pg: Any
+    strategy: Any
+    replica: Any
+    agent: Any
+    facts: dict[str, Any]
+    started: bool = False
+    owners: list[str] = field(default_factory=list)  # core-agent allocations to release
+    closed: bool = False
+
+    def release_cores(self) -> None:
+        for owner in self.owners:
+            self.agent.release.remote(owner)
+        self.owners.clear()
+
+    def close(self, tdir: Path | None) -> None:
+        """Stop the replica, bring its files to ``tdir``, release cores and the placement group. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            files = ray.get(self.replica.stop.remote(), timeout=180)
+            if tdir is not None:
+                _write_files(tdir, files)
+        except Exception as exc:  # the actor is gone; its process group died with it
+            if tdir is not None:
+                (tdir / "collect-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        ray.kill(self.replica)
+        self.release_cores()
+        remove_placement_group(self.pg)
+
+
+def _write_files(tdir: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        (tdir / name).write_bytes(data)
+
+
+class RayTrialExecutor:
+    """Runs trials one at a time; ``home`` is the driver's folder for trial artifacts.
+
+    Give it the plan so a repin group can reserve its largest core count up front.
+    """
+
+    def __init__(self, home: Path, *, plan: SweepPlan | None = None, placement_timeout_s: float = 300.0) -> None:
         self.home = Path(home).resolve()
         self.placement_timeout_s = placement_timeout_s
+        self.max_cores: dict[str, int] = {}
+        for t in plan.trials if plan else ():
+            k = replica_key(t)
+            self.max_cores[k] = max(self.max_cores.get(k, 0), t.cores)
+        self._warm: _Lease | None = None
+        self._warm_dir: Path | None = None
 
+    # ------------------------------------------------------------------ public
     def execute(self, trial: TrialSpec) -> TrialResult:
         started = time.time()
         tdir = self.home / "trials" / trial.trial_id
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
-        pg = agent = replica = None
+        repin = trial.start == "repin"
+        key = replica_key(trial)
+        if self._warm is not None and (not repin or self._warm.key != key):
+            self.close()
+        lease: _Lease | None = self._warm
         facts: dict[str, Any] = {}
+        ok = False
         try:
-            bundle = bundle_for(trial)
-            why = _fits_somewhere(bundle)
-            if why:
-                raise TrialFailure(ErrorKind.CANNOT_FIT, why)
-            pg = placement_group([bundle], strategy="STRICT_PACK", name=f"trial-{trial.trial_id}")
-            try:
-                ray.get(pg.ready(), timeout=self.placement_timeout_s)
-            except GetTimeoutError:
-                raise TrialFailure(ErrorKind.CANNOT_FIT,
-                                   f"placement group {bundle} not ready after {self.placement_timeout_s:.0f} s")
-            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-            node_dir = str(self.home / "node" / "trials" / trial.trial_id)
-            replica = ReplicaActor.options(
-                scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
-            ).remote(trial.model_dump_json(), node_dir)
-            facts = ray.get(replica.node_facts.remote())
-            agent = core_agent(facts["node_id"])
-            gpu_ids = [int(g) for g in facts["gpu_ids"].split(",") if g]
-            alloc = ray.get(agent.allocate.remote(trial.trial_id, trial.cores, trial.client.cores,
-                                                  trial.client.isolation, gpu_ids))
-            if "error" in alloc:
-                raise TrialFailure(ErrorKind.CANNOT_FIT, alloc["error"])
-            return self._measure(trial, tdir, replica, strategy, alloc, facts, started)
+            if lease is None:
+                lease = self._lease(trial, key, self.max_cores.get(key, trial.cores) if repin else trial.cores)
+            facts = lease.facts
+            result = self._measure(trial, tdir, lease, started)
+            ok = result.ok
+            return result
         except TrialFailure as exc:
             return self._failed(trial, tdir, exc.kind, str(exc), facts, started)
         except (RayActorError, ray.exceptions.NodeDiedError) as exc:
             # An exception in an actor's constructor is our bug, not a lost node: never retried.
-            creation = "creation task" in str(exc)
-            kind = ErrorKind.INTERNAL if creation else ErrorKind.NODE_DIED
+            kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
             return self._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
             return self._failed(trial, tdir, ErrorKind.INTERNAL, _last_line(str(exc.cause or exc)), facts, started)
         finally:
-            if replica is not None:
-                self._collect(replica, tdir)
-                ray.kill(replica)
-            if agent is not None:
-                agent.release.remote(trial.trial_id)
-            if pg is not None:
-                remove_placement_group(pg)
+            if lease is not None:
+                if repin and ok:
+                    self._warm, self._warm_dir = lease, tdir
+                    _write_files(tdir, ray.get(lease.replica.files.remote()))
+                else:
+                    lease.close(tdir)
+                    if lease is self._warm:
+                        self._warm = self._warm_dir = None
 
-    def _measure(self, trial: TrialSpec, tdir: Path, replica: Any, strategy: Any, alloc: dict, facts: dict,
-                 started: float) -> TrialResult:
-        params: dict[str, Any] = {**facts, "replica_cpus": alloc["replica"], "client_cpus": alloc["client"],
+    def close(self) -> None:
+        """Stop a warm (repin) replica, if one is left. Safe to call more than once."""
+        if self._warm is not None:
+            self._warm.close(self._warm_dir)
+            self._warm = self._warm_dir = None
+
+    # ------------------------------------------------------------------ steps
+    def _lease(self, trial: TrialSpec, key: str, cores: int) -> _Lease:
+        bundle = bundle_for(trial, cores)
+        why = _fits_somewhere(bundle)
+        if why:
+            raise TrialFailure(ErrorKind.CANNOT_FIT, why)
+        pg = placement_group([bundle], strategy="STRICT_PACK", name=f"trial-{trial.trial_id}")
+        try:
+            ray.get(pg.ready(), timeout=self.placement_timeout_s)
+        except GetTimeoutError:
+            remove_placement_group(pg)
+            raise TrialFailure(ErrorKind.CANNOT_FIT,
+                               f"placement group {bundle} not ready after {self.placement_timeout_s:.0f} s") from None
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+        node_dir = str(self.home / "node" / "trials" / trial.trial_id)
+        replica = ReplicaActor.options(
+            scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
+        ).remote(trial.model_dump_json(), node_dir)
+        lease = _Lease(key, pg, strategy, replica, None, {})
+        try:
+            lease.facts = ray.get(replica.node_facts.remote())
+            lease.agent = core_agent(lease.facts["node_id"])
+        except BaseException:
+            ray.kill(replica)
+            remove_placement_group(pg)
+            raise
+        return lease
+
+    def _allocate(self, trial: TrialSpec, lease: _Lease) -> dict[str, Any]:
+        gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
+        lease.release_cores()  # a repinned replica gives back the previous trial's cores first
+        alloc = ray.get(lease.agent.allocate.remote(trial.trial_id, trial.cores, trial.client.cores,
+                                                    trial.client.isolation, gpu_ids))
+        if "error" in alloc:
+            raise TrialFailure(ErrorKind.CANNOT_FIT, alloc["error"])
+        lease.owners.append(trial.trial_id)
+        return alloc
+
+    def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> dict[str, Any]:
+        """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
+        if not lease.started:
+            up = ray.get(lease.replica.start.remote(cores))
+            if "error_kind" in up:
+                raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
+            lease.started = True
+            return {**up, "params": {**up["params"], "repinned": False}}
+        up = ray.get(lease.replica.repin.remote(cores))
+        if "error_kind" in up:
+            raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
+        return up
+
+    def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
+        alloc = self._allocate(trial, lease)
+        params: dict[str, Any] = {**lease.facts, "replica_cpus": alloc["replica"], "client_cpus": alloc["client"],
                                   "client_isolated": alloc["client_isolated"]}
         warnings: list[str] = []
         if not alloc["client_isolated"]:
             warnings.append(f"client shares cores with the replica (node too small): client {alloc['client']}, "
                             f"replica {alloc['replica']}")
-        up = ray.get(replica.start.remote(alloc["replica"]))
-        if "error_kind" in up:
-            raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
+        up = self._bring_up(trial, lease, alloc["replica"])
         params.update(up["params"])
-        checks = {"replica_start": ray.get(replica.verify.remote())}
-        workload = WorkloadActor.options(scheduling_strategy=strategy).remote()
+        if params.get("repinned"):
+            warnings.append("replica re-pinned live: its thread pools keep their startup size")
+        checks = {"replica_start": ray.get(lease.replica.verify.remote())}
+        workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
         try:
             checks["client"] = ray.get(workload.pin.remote(alloc["client"]))
-            ray.get(replica.begin_window.remote(alloc["client"]))
+            ray.get(lease.replica.begin_window.remote(alloc["client"]))
             run = ray.get(workload.run.remote(trial.workload.model_dump_json(), up["base_url"], trial.model.name,
                                               up["tokenizer_path"]))
         finally:
             ray.kill(workload)
-        window = ray.get(replica.end_window.remote())
-        checks["replica_end"] = ray.get(replica.verify.remote())
+        window = ray.get(lease.replica.end_window.remote())
+        checks["replica_end"] = ray.get(lease.replica.verify.remote())
         (tdir / "verified_cores.json").write_text(json.dumps(checks, indent=2))
         warnings.extend(run.warnings)
         metrics = summarize_trial(run, window["server"], window["rows"])
+        if "repin_s" in up:
+            metrics["repin_s"] = up["repin_s"]
         status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
         bad = [k for k, v in checks.items() if not v.get("ok", False)]
         if bad:
@@ -151,18 +264,9 @@ class RayTrialExecutor:
                            warnings=tuple(warnings), artifacts_dir=str(tdir), telemetry=tuple(window["rows"]),
                            started_at=started, ended_at=time.time())
 
-    def _collect(self, replica: Any, tdir: Path) -> None:
-        """Stop the replica (idempotent) and bring its node-side files (vLLM log, ...) to ``tdir``."""
-        try:
-            files = ray.get(replica.stop.remote(), timeout=120)
-        except Exception as exc:  # the actor is gone; its process group died with it
-            (tdir / "collect-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-            return
-        for name, data in files.items():
-            (tdir / name).write_bytes(data)
-
     def _failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
                 started: float) -> TrialResult:
+        (tdir / "error.txt").write_text(f"{kind.value}: {message}\n")
         return TrialResult.failed(trial.trial_id, kind, message, params=_flat(facts), artifacts_dir=str(tdir),
                                   started_at=started, ended_at=time.time())
 
@@ -182,4 +286,4 @@ def _flat(params: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-__all__ = ["RayTrialExecutor", "bundle_for"]
+__all__ = ["RayTrialExecutor", "bundle_for", "replica_key"]

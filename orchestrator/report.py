@@ -53,6 +53,19 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
     return df.sort_values([c for c in [*GROUP, "cores"] if c in df]).reindex(columns=COLUMNS)
 
 
+def calibration(df: pd.DataFrame) -> pd.DataFrame:
+    """Fresh against re-pinned at the same cores: TTFT p50/p90 of each and their ratio (repin / fresh)."""
+    keys = [c for c in GROUP if c in df and c != "start"] + ["cores"]
+    if df.empty or "start" not in df or set(df["start"]) != {"fresh", "repin"}:
+        return pd.DataFrame()
+    ok = df[df["status"] == "COMPLETED"]
+    both = ok[ok["start"] == "fresh"].merge(ok[ok["start"] == "repin"], on=keys, suffixes=("_fresh", "_repin"))
+    out = both[keys + ["ttft_p50_s_fresh", "ttft_p50_s_repin", "ttft_p90_s_fresh", "ttft_p90_s_repin"]].copy()
+    out["p50_ratio"] = out["ttft_p50_s_repin"] / out["ttft_p50_s_fresh"]
+    out["p90_ratio"] = out["ttft_p90_s_repin"] / out["ttft_p90_s_fresh"]
+    return out
+
+
 def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     """A rich Table of :func:`comparison`'s output (times in ms)."""
     from rich.table import Table
@@ -75,4 +88,4 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["comparison", "render", "results_frame"]
+__all__ = ["calibration", "comparison", "render", "results_frame"]

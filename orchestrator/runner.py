@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrator.controller import SweepController
 from orchestrator.plan import SweepPlan, TrialSpec, expand
-from orchestrator.report import comparison, render, results_frame
+from orchestrator.report import calibration, comparison, render, results_frame
 from orchestrator.results import TrialResult
 from orchestrator.spec import SweepSpec
 from orchestrator.trial import Trial, TrialState
@@ -49,15 +49,24 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
     with mlflow_server(home / "mlflow") as ml, ray_cluster():
         console.print(f"MLflow tracking at {ml.uri}")
         tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
+        executor = RayTrialExecutor(home, plan=plan)
         controller = SweepController(
-            plan, RayTrialExecutor(home), observers=[tracker],
+            plan, executor, observers=[tracker],
             finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,
             on_progress=_progress(console, len(plan)))
-        results = controller.run()
+        try:
+            results = controller.run()
+        finally:
+            executor.close()
         states = {tid: t.state for tid, t in controller.trials.items()}
-    table = comparison(results_frame(plan.trials, results))
+    frame = results_frame(plan.trials, results)
+    table = comparison(frame)
     if len(table):
         console.print(render(table, title=f"{spec.name}: TTFT against cores"))
+    calib = calibration(frame)
+    if len(calib):
+        console.print("fresh vs re-pinned at the same cores (ratio = repin / fresh):")
+        console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     csv = home / "reports" / f"{spec.name}.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)

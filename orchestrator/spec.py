@@ -99,6 +99,10 @@ class Grid(_Strict):
                                          description="fresh = restart pinned; repin = re-pin a live replica.")
     vllm: tuple[VllmVariant, ...] = Field(default=(VllmVariant(name="default"),), min_length=1,
                                           description="Named vLLM flag variants.")
+    calibrate: tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
+        default=(),
+        description="Core counts to run both fresh and re-pinned (a replica started on the most cores, "
+        "then re-pinned live), to measure what repin mode costs in fidelity.")
 
     @field_validator("cores", "gpus", "hardware", "restriction", "start")
     @classmethod

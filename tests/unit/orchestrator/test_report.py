@@ -37,3 +37,20 @@ def test_failed_trials_stay_in_the_table_without_speedup():
     df = comparison(results_frame(p.trials, results)).set_index("cores")
     assert df.loc[1, "status"] == "FAILED" and math.isnan(df.loc[1, "speedup_p50"])
     assert math.isclose(df.loc[2, "speedup_p50"], 1.0)
+
+
+def test_calibration_pairs_fresh_and_repin():
+    from orchestrator.report import calibration
+
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 4], "start": ["fresh"], "calibrate": [1]},
+    }))
+    ttft = {("fresh", 1): 0.77, ("fresh", 4): 0.2, ("repin", 4): 0.2, ("repin", 1): 0.70}
+    results = [TrialResult(t.trial_id, TrialStatus.COMPLETED,
+                           metrics={"ttft_p50_s": ttft[(t.start, t.cores)], "ttft_p90_s": 2 * ttft[(t.start, t.cores)]})
+               for t in p.trials]
+    cal = calibration(results_frame(p.trials, results)).set_index("cores")
+    assert math.isclose(cal.loc[1, "p50_ratio"], 0.70 / 0.77)
+    assert set(cal.index) == {1, 4}

@@ -96,3 +96,11 @@ def test_trace_paths_resolve_against_the_sweep_file(tmp_path):
                  "workloads: [{name: mc, kind: mooncake, path: traces/x.jsonl}]\ngrid: {cores: [1]}\n")
     spec = load_spec(f)
     assert spec.workloads[0].path == (tmp_path / "traces" / "x.jsonl").resolve()
+
+
+def test_repin_runs_descending_and_calibration_adds_the_missing_mode():
+    plan = expand(parse_spec(base(grid={"cores": [1, 2, 4], "start": ["fresh"], "calibrate": [1]})))
+    got = [(t.start, t.cores) for t in plan.trials]
+    assert got == [("fresh", 1), ("fresh", 2), ("fresh", 4), ("repin", 4), ("repin", 1)]
+    plan = expand(parse_spec(base(grid={"cores": [1, 2, 4], "start": ["repin"]})))
+    assert [t.cores for t in plan.trials] == [4, 2, 1]
