@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,13 @@ def main(verbose: bool) -> None:
     """Sweep CPU cores x GPUs x models x workloads on vLLM and measure what starving the CPU costs."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SIGTERM (ray job stop, a CI timeout, `timeout`) must unwind like Ctrl-C, so every
+    # context manager stops what it started: MLflow server, Ray, vLLM replicas.
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @main.command()
