@@ -42,10 +42,12 @@ class _WorkloadBase(_Strict):
         default=None, ge=0, le=3600,
         description="After the window, in-flight requests get this long before they are cut (status 'cut'); "
                     "None lets each run to its own request deadline.")
-    client_tokenize: bool = Field(
-        default=True,
-        description="Tokenize each prompt on the client (a worker thread, while the request is in flight) "
-                    "to record its token count and tokenization time.")
+    client_tokenize: Literal["off", "after", "inflight"] = Field(
+        default="after",
+        description="Tokenize each sent prompt on the client to record its token count and tokenization time: "
+                    "'after' the window (no interference with the load; keeps prompts in memory until then), "
+                    "'inflight' in a worker thread while the request runs (competes with the client for its "
+                    "cores), or 'off'.")
 
 
 class AgenticWorkload(_WorkloadBase):

@@ -1,0 +1,233 @@
+"""Streaming OpenAI-compatible completions client: sends one request and times every token.
+
+This is the *how* of the load generator. It POSTs ``/v1/completions`` with streaming on,
+stamps each server-sent event with the injected clock, and returns a ``RequestRecord`` plus
+the answer text (agentic sessions append the real answer to the next prompt).
+
+Choices, and why:
+  * Every limit is explicit. The connection pool equals the workload's concurrency, so
+    aiohttp never queues a request internally, where the wait would hide inside TTFT.
+    ``trust_env=False`` keeps an inherited ``HTTP_PROXY`` from routing localhost traffic.
+  * The request forces the output length (``min_tokens`` = ``max_tokens``, a vLLM
+    extension, plus ``ignore_eos``) so a trial's decode work does not depend on what a
+    dummy-weight model happens to emit, and ``temperature: 0``.
+  * ``stream_options.continuous_usage_stats`` makes vLLM put the cumulative completion
+    token count on every chunk, so a chunk carrying k tokens is known to carry k. Each of
+    those tokens is stamped with the chunk's arrival time: the client cannot see when the
+    server produced them. Without per-chunk usage, a chunk with text counts as one token.
+  * Cached prompt tokens come from the final usage chunk's
+    ``prompt_tokens_details.cached_tokens``; vLLM sends it only when started with
+    ``--enable-prompt-tokens-details``. Otherwise ``cached_tokens`` is None.
+  * One deadline per request (``asyncio.timeout``) bounds the whole exchange, so a stalled
+    server yields a ``timeout`` record, never a hang. Server failures become records; the
+    client raises only for cancellation.
+  * Optional client-side tokenization runs in a worker thread while the request is in
+    flight, so it costs client CPU, which is what it is measured for, without delaying the
+    send. The counter must release the GIL (``text.token_counter`` does; a plain
+    ``Tokenizer.encode`` does not, and would stall every stream for the whole encode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import Executor
+from typing import Callable
+
+import aiohttp
+
+from .protocols import Clock, MonotonicClock, Request
+from .records import RequestRecord, Status
+from .text import timed_count
+
+_READ_BUFSIZE = 1 << 20  # SSE events are small, but a long error body must not overflow readline
+_ERROR_BODY_CHARS = 500
+
+
+class StreamingClient:
+    """Async client for one OpenAI-compatible server; use as ``async with``.
+
+    ``max_connections`` should equal the most requests the load generator keeps in flight.
+    ``count_tokens`` (text -> tokens, e.g. ``text.token_counter(tokenizer)``) enables
+    client-side tokenization in ``executor`` (None: the loop's default executor).
+    """
+
+    def __init__(self, base_url: str, model: str, *, max_connections: int,
+                 clock: Clock | None = None, count_tokens: Callable[[str], int] | None = None,
+                 executor: Executor | None = None, connect_timeout_s: float = 10.0,
+                 keepalive_s: float = 75.0, continuous_usage: bool = True) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self._url = base_url.rstrip("/") + "/v1/completions"
+        self._model = model
+        self._max_connections = max_connections
+        self._clock = clock or MonotonicClock()
+        self._count_tokens = count_tokens
+        self._executor = executor
+        self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
+        self._continuous_usage = continuous_usage
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "StreamingClient":
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=self._max_connections,
+            keepalive_timeout=self._keepalive_s, force_close=False, ttl_dns_cache=300)
+        # Only connection setup has an aiohttp timeout; the per-request deadline in send()
+        # bounds everything else, so there is exactly one place that decides "timeout".
+        timeout = aiohttp.ClientTimeout(total=None, connect=None,
+                                        sock_connect=self._connect_timeout_s, sock_read=None)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
+                                              read_bufsize=_READ_BUFSIZE, raise_for_status=False)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (idempotent)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _body(self, request: Request) -> bytes:
+        stream_options = {"include_usage": True}
+        if self._continuous_usage:
+            stream_options["continuous_usage_stats"] = True
+        return json.dumps({
+            "model": self._model, "prompt": request.prompt,
+            "max_tokens": request.max_tokens, "min_tokens": request.max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": stream_options,
+        }).encode()
+
+    async def send(self, request: Request) -> tuple[RequestRecord, str]:
+        """Send ``request``, stream the answer, and return ``(record, answer_text)``."""
+        if self._session is None:
+            raise RuntimeError("StreamingClient must be entered (async with) before send()")
+        clock = self._clock
+        body = self._body(request)
+        sent_ns = clock.now_ns()
+        deadline_ns = sent_ns + int(request.timeout_s * 1e9)
+        limit_ns = deadline_ns if request.cut_ns is None else min(deadline_ns, request.cut_ns)
+        limit_status: Status = "cut" if request.cut_ns is not None and request.cut_ns < deadline_ns else "timeout"
+
+        tokenize = None
+        if self._count_tokens is not None:
+            tokenize = asyncio.get_running_loop().run_in_executor(
+                self._executor, timed_count, self._count_tokens, request.prompt)
+
+        st = _StreamState()
+        status: Status = "ok"
+        error: str | None = None
+        cm = asyncio.timeout((limit_ns - clock.now_ns()) / 1e9)
+        try:
+            async with cm:
+                await self._exchange(body, st)
+        except TimeoutError as exc:
+            if cm.expired():
+                status, error = limit_status, f"no complete answer within {(limit_ns - sent_ns) / 1e9:.3f} s"
+            else:  # aiohttp's own connect timeout
+                status, error = "error", f"{type(exc).__name__}: {exc}"
+        except _ServerError as exc:
+            status, error = "error", str(exc)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        end_ns = clock.now_ns()
+
+        client_tokens, tokenize_ns = request.planned_prompt_tokens, 0
+        if tokenize is not None:
+            client_tokens, tokenize_ns = await tokenize
+        record = RequestRecord(
+            request_id=request.request_id, session_id=request.session_id, turn=request.turn,
+            scheduled_ns=request.scheduled_ns, sent_ns=sent_ns,
+            first_token_ns=st.token_ns[0] if st.token_ns else None, token_ns=tuple(st.token_ns),
+            end_ns=end_ns,
+            prompt_tokens=st.prompt_tokens if st.prompt_tokens is not None else client_tokens,
+            completion_tokens=st.completion_tokens if st.completion_tokens is not None else len(st.token_ns),
+            cached_tokens=st.cached_tokens, client_prompt_tokens=client_tokens, tokenize_ns=tokenize_ns,
+            status=status, error=error)
+        return record, "".join(st.text)
+
+    async def _exchange(self, body: bytes, st: "_StreamState") -> None:
+        assert self._session is not None
+        async with self._session.post(self._url, data=body,
+                                      headers={"Content-Type": "application/json"}) as resp:
+            if resp.status >= 400:
+                detail = (await resp.text(errors="replace"))[:_ERROR_BODY_CHARS]
+                raise _ServerError(f"HTTP {resp.status}: {detail}")
+            buf = b""
+            async for data in resp.content.iter_any():
+                now = self._clock.now_ns()
+                buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+                # SSE events end with a blank line; one read may hold several events or a part of one.
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if st.feed(event, now):
+                        return
+            raise _ServerError("stream ended without [DONE]")
+
+
+class _ServerError(Exception):
+    """A failure reported by the server (HTTP status, error event, malformed stream)."""
+
+
+class _StreamState:
+    """Accumulates one stream's facts; ``feed`` returns True at ``[DONE]``."""
+
+    __slots__ = ("text", "token_ns", "prompt_tokens", "completion_tokens", "cached_tokens", "_cum")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ns: list[int] = []
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self._cum = 0  # cumulative completion tokens seen in per-chunk usage
+
+    def feed(self, event: bytes, now_ns: int) -> bool:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # comments (":"), "event:" and "id:" fields carry nothing we use
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return True
+            try:
+                obj = json.loads(payload)
+            except ValueError as exc:
+                raise _ServerError(f"malformed SSE data: {payload[:100]!r}") from exc
+            if not isinstance(obj, dict):
+                raise _ServerError(f"SSE data is not an object: {payload[:100]!r}")
+            if "error" in obj and not obj.get("choices"):
+                raise _ServerError(f"server error event: {str(obj['error'])[:_ERROR_BODY_CHARS]}")
+            try:
+                self._take(obj, now_ns)
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise _ServerError(f"unexpected chunk shape: {exc}: {payload[:100]!r}") from exc
+        return False
+
+    def _take(self, obj: dict, now_ns: int) -> None:
+        choices = obj.get("choices") or []
+        usage = obj.get("usage")
+        new_tokens = 0
+        for choice in choices:
+            text = choice.get("text") or ""
+            if text:
+                self.text.append(text)
+            if usage is None:
+                new_tokens += 1 if text else 0
+        if choices and usage is not None:
+            # Per-chunk (continuous) usage: tokens in this chunk = growth of the cumulative count.
+            cum = int(usage.get("completion_tokens") or 0)
+            new_tokens, self._cum = max(0, cum - self._cum), max(cum, self._cum)
+        self.token_ns.extend([now_ns] * new_tokens)
+        if usage is not None:
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(usage["prompt_tokens"])
+            if not choices and usage.get("completion_tokens") is not None:
+                self.completion_tokens = int(usage["completion_tokens"])  # the final usage chunk
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                self.cached_tokens = int(details["cached_tokens"])
+
+
+__all__ = ["StreamingClient"]

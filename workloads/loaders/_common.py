@@ -1,0 +1,50 @@
+"""Helpers shared by the trace loaders: the one error type, and prompt clipping.
+
+A malformed trace must fail before a trial starts, and say exactly where: a message such as
+``conversation_trace.jsonl:17: hash_ids must be a list of ints`` lets a user fix the file
+without reading our code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..trace import Block
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; ``str()`` is ``<file name>:<line>: <problem>``."""
+
+    def __init__(self, path: Path | str, line: int, problem: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{self.path.name}:{line}: {problem}")
+
+
+def is_int(value: object) -> bool:
+    """True for a real int (JSON ``true`` parses as bool, a subclass of int, and is rejected)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def clip_blocks(blocks: list[Block], max_tokens: int | None) -> list[Block]:
+    """Keep the leading blocks up to ``max_tokens`` tokens in all (the prefix, so cache reuse
+    is preserved); the block that crosses the limit is shortened."""
+    if max_tokens is None:
+        return blocks
+    out: list[Block] = []
+    left = max_tokens
+    for block in blocks:
+        if left <= 0:
+            break
+        out.append(block if block.tokens <= left else Block(block.hash_id, left))
+        left -= block.tokens
+    return out
+
+
+def open_trace(path: Path) -> Path:
+    """Resolve ``path`` and fail with a TraceError naming it if it is not a readable file."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise TraceError(p, 0, "no such trace file")
+    return p

@@ -1,0 +1,164 @@
+"""Public entry point: run one workload spec against one server and return what happened.
+
+The orchestrator's workload actor calls ``run_workload`` (async) or ``run_workload_sync``.
+This module only wires the parts: loader (sessions), ``TextFactory`` (text), strategy
+(when), ``StreamingClient`` (how) and ``LoadGenerator`` (the window). It returns raw records
+plus the client's own cost, because a CPU-starvation study must show the *client* was not
+the bottleneck before blaming the server's cores.
+
+``client_cpu_s`` is ``time.process_time()`` over the load phase: every thread of this
+process (event loop, and tokenizer workers in ``inflight`` mode), excluding setup
+(tokenizer load, trace parsing) and ``after``-mode tokenization. In a Ray actor it also
+includes Ray's own worker threads, which are light.
+
+Client-side tokenization (``spec.client_tokenize``) costs 4-7 ms per 1k tokens on one core
+of the 2-core CPU machine (benchmarks/client_bench.py), against ~0.35-0.7 ms of client CPU to
+send and stream a whole request: ``inflight`` saturated one client core at 1000 req/s of
+200-token prompts, so ``after`` (the default) measures it once the window has closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from . import metrics
+from .client import StreamingClient
+from .loaders import load_sessions
+from .loadgen import ClosedLoop, LoadGenerator, LoadResult, OpenLoop, Strategy
+from .records import RequestRecord
+from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload
+from .text import TextFactory, load_tokenizer, timed_count, token_counter
+from .trace import Session
+
+# Loop timers have ~1 ms resolution (see protocols.MonotonicClock), so lag up to ~1 ms is
+# the timer, not the client; twice that means the loop was busy.
+DISPATCH_LAG_WARN_S = 0.002
+CLIENT_CPU_WARN_FRACTION = 0.8  # of the cores this process may run on
+
+AnyWorkload = AgenticWorkload | MooncakeWorkload | AzureWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRun:
+    """Records of one run plus the client's cost and anything that makes the run suspect."""
+
+    records: tuple[RequestRecord, ...]
+    client_cpu_s: float
+    wall_s: float
+    warnings: tuple[str, ...]
+    client_cores: int = 0  # cores this process was allowed to use
+    sessions_started: int = 0
+    sessions_unstarted: int = 0  # arrived after the window
+    turns_unsent: int = 0  # after the window, or after a failed turn of their session
+
+
+def strategy_for(spec: AnyWorkload) -> Strategy:
+    """Agentic sessions run closed loop at ``concurrency``; traces replay open loop."""
+    if isinstance(spec, AgenticWorkload):
+        return ClosedLoop(spec.concurrency)
+    return OpenLoop(spec.max_in_flight)
+
+
+def diagnose(result: LoadResult, sessions: list[Session], *, client_cpu_s: float, wall_s: float,
+             client_cores: int) -> tuple[str, ...]:
+    """Warnings for a run (pure): client saturation, lost requests, server flags missing."""
+    out: list[str] = []
+    records = result.records
+    lag = metrics.percentile(metrics.dispatch_lag_s(records), 99)
+    if lag is not None and lag > DISPATCH_LAG_WARN_S:
+        out.append(f"dispatch lag p99 {lag * 1e3:.1f} ms exceeds {DISPATCH_LAG_WARN_S * 1e3:.0f} ms: "
+                   "the client may be the bottleneck")
+    if wall_s > 0 and client_cores > 0:
+        busy = client_cpu_s / wall_s / client_cores
+        if busy > CLIENT_CPU_WARN_FRACTION:
+            out.append(f"client used {busy:.0%} of its {client_cores} core(s): the client may be the bottleneck")
+    if result.slot_waits:
+        out.append(f"{result.slot_waits} session(s) arrived with every slot busy and were sent late "
+                   "(raise max_in_flight/concurrency, or the server is saturated)")
+    n = len(records)
+    for status in ("timeout", "error", "cut"):
+        bad = [r for r in records if r.status == status]
+        if bad:
+            example = f"; first: {bad[0].error}" if bad[0].error else ""
+            out.append(f"{len(bad)} of {n} requests ended with status {status}{example}")
+    ok = metrics.ok_records(records)
+    if ok and all(r.cached_tokens is None for r in ok):
+        out.append("server reported no cached tokens: start vLLM with --enable-prompt-tokens-details "
+                   "to measure prefix-cache hits per request")
+    planned = {f"{s.session_id}:{k}": t.output_tokens for s in sessions for k, t in enumerate(s.turns)}
+    short = sum(1 for r in ok if planned.get(r.request_id, r.completion_tokens) != r.completion_tokens)
+    if short:
+        out.append(f"{short} ok request(s) returned a different number of tokens than requested: "
+                   "the server may ignore min_tokens/ignore_eos")
+    return tuple(out)
+
+
+def _prepare(spec: AnyWorkload, tokenizer_path: str) -> tuple[TextFactory, list[Session]]:
+    factory = TextFactory(load_tokenizer(tokenizer_path))
+    return factory, load_sessions(spec, factory)
+
+
+async def run_workload(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
+    """Replay ``spec`` against the OpenAI-compatible server at ``base_url`` serving ``model``.
+
+    Server failures are data (records with status timeout/error/cut); this raises only for
+    a bad spec or trace (``TraceError``, ``ValueError``) or a missing tokenizer file.
+    """
+    # Building the word pool and parsing a trace take seconds of CPU: off the event loop,
+    # so an async actor stays responsive, and outside the measured window.
+    factory, sessions = await asyncio.to_thread(_prepare, spec, tokenizer_path)
+    strategy = strategy_for(spec)
+    cores = len(os.sched_getaffinity(0))
+    mode = spec.client_tokenize
+    count = token_counter(factory.tokenizer) if mode != "off" else None
+    executor = (ThreadPoolExecutor(max_workers=cores, thread_name_prefix="client-tokenize")
+                if mode == "inflight" else None)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    try:
+        async with StreamingClient(base_url, model, max_connections=strategy.slots,
+                                   count_tokens=count if mode == "inflight" else None,
+                                   executor=executor) as client:
+            generator = LoadGenerator(client, strategy, factory.render, keep_prompts=mode == "after")
+            result = await generator.run(sessions, window_s=spec.max_duration_s,
+                                         timeout_s=spec.request_timeout_s, drain_s=spec.drain_s)
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    records = result.records
+    if mode == "after" and count is not None:
+        # Outside the measured window and CPU time: one prompt at a time on one thread, so
+        # tokenize_ns is the single-core cost of that prompt, as a server frontend pays it.
+        records = await asyncio.to_thread(_tokenize_after, result, count)
+    return WorkloadRun(
+        records=records, client_cpu_s=cpu_s, wall_s=wall_s,
+        warnings=diagnose(result, sessions, client_cpu_s=cpu_s, wall_s=wall_s, client_cores=cores),
+        client_cores=cores, sessions_started=result.sessions_started,
+        sessions_unstarted=result.sessions_unstarted, turns_unsent=result.turns_unsent)
+
+
+def _tokenize_after(result: LoadResult, count: Callable[[str], int]) -> tuple[RequestRecord, ...]:
+    out = []
+    for record in result.records:
+        n, ns = timed_count(count, result.prompt(record.request_id))
+        out.append(replace(record, client_prompt_tokens=n, tokenize_ns=ns))
+    return tuple(out)
+
+
+def run_workload_sync(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
+    """``run_workload`` in a fresh event loop (uvloop when installed: less CPU per request)."""
+    try:
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(run_workload(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path))
+
+
+__all__ = ["WorkloadRun", "diagnose", "run_workload", "run_workload_sync", "strategy_for"]

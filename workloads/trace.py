@@ -1,0 +1,83 @@
+"""Sessions and turns: the in-memory workload that loaders produce and the load generator consumes.
+
+Terms, defined once:
+  * A *session* is one conversation (an agent's task, or one trace line).
+  * A *turn* is one request inside it. Its prompt is the session's whole context so far:
+    every earlier turn's appended text and the model's *real* answer to it, then this turn's
+    appended text. For agentic sessions the answer is only known at run time, so a turn
+    describes only what to *append* (system prefix, task, tool output) as a token plan, and
+    the load generator appends the answer text it actually received.
+
+Text is kept as a *plan* of ``Block(hash_id, tokens)`` pieces, rendered by
+``TextFactory.render`` just before sending: a 12k-line Mooncake trace of 10k-token prompts
+would otherwise hold gigabytes of strings, and equal hash ids must render identically anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Block(NamedTuple):
+    """``tokens`` tokens of deterministic text for ``hash_id`` (see ``TextFactory.block``)."""
+
+    hash_id: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One request of a session.
+
+    ``append``: blocks appended to the context before this turn is sent.
+    ``output_tokens``: tokens the server is asked to generate (forced with min_tokens and
+    ignore_eos, so the answer has exactly this many tokens unless the request fails).
+    ``think_s``: pause between the previous answer's end and this turn's schedule time
+    (ignored for the first turn; ``Session.start_s`` schedules that one).
+    """
+
+    append: tuple[Block, ...]
+    output_tokens: int
+    think_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.output_tokens < 1:
+            raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
+        if self.think_s < 0:
+            raise ValueError(f"think_s must be >= 0, got {self.think_s}")
+
+    @property
+    def append_tokens(self) -> int:
+        return sum(b.tokens for b in self.append)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A conversation: an id, its turns, and when it arrives.
+
+    ``start_s``: arrival offset from the start of the run (open loop: trace timestamps or
+    Poisson arrivals). None means "as soon as a concurrency slot is free" (closed loop).
+    """
+
+    session_id: str
+    turns: tuple[Turn, ...]
+    start_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.turns:
+            raise ValueError(f"session {self.session_id!r} has no turns")
+        if self.start_s is not None and self.start_s < 0:
+            raise ValueError(f"start_s must be >= 0, got {self.start_s}")
+
+    def planned_prompt_tokens(self, turn: int) -> int:
+        """Prompt tokens of ``turn`` by plan: all appends up to it plus earlier answers.
+
+        Exact for our blocks; the real count can differ by a few tokens where an answer's
+        text merges with the text that follows it, and by special tokens (BOS).
+        """
+        return sum(t.append_tokens for t in self.turns[: turn + 1]) + \
+            sum(t.output_tokens for t in self.turns[:turn])
+
+
+__all__ = ["Block", "Session", "Turn"]
