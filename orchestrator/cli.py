@@ -104,6 +104,37 @@ def sync(home: str | None) -> None:
 
 
 @main.command()
+@click.argument("sweep_name")
+@click.option("--home", default=None, help=HOME_HELP)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
+def report(sweep_name: str, home: str | None, csv_path: str | None) -> None:
+    """Rebuild the comparison of SWEEP_NAME from MLflow (MLFLOW_TRACKING_URI, or the local store)."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.report import calibration, comparison, render, runs_frame
+    from orchestrator.services import free_port, mlflow_server
+
+    h = _home(home) / "mlflow"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (h / "mlflow.db").exists():
+        raise click.ClickException(f"no MLFLOW_TRACKING_URI and no local MLflow store at {h}")
+    with mlflow_server(h, port=free_port()) as server:
+        client = MlflowClient(server.uri)
+        exp = client.get_experiment_by_name(sweep_name)
+        if exp is None:
+            raise click.ClickException(f"no experiment named {sweep_name!r} at {server.uri}")
+        runs = client.search_runs([exp.experiment_id], "tags.`orchestrator.kind` = 'trial'", max_results=5000)
+    frame = runs_frame(runs)
+    table = comparison(frame)
+    console.print(render(table, title=f"{sweep_name}: TTFT against cores"))
+    calib = calibration(frame)
+    if len(calib):
+        console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if csv_path:
+        table.to_csv(csv_path, index=False)
+        console.print(f"table written to {csv_path}")
+
+
+@main.command()
 @click.option("--home", default=None, help=HOME_HELP)
 @click.option("--port", default=5000, show_default=True)
 def ui(home: str | None, port: int) -> None:

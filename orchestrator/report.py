@@ -14,7 +14,10 @@ import pandas as pd
 
 GROUP = ["model", "hardware", "gpus", "vllm_variant", "workload", "restriction", "start", "repeat"]
 COLUMNS = ["trial_id", *GROUP, "cores", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
-           "ttft_p99_s", "e2e_p50_s", "speedup_p50", "knee"]
+           "ttft_p99_s", "e2e_p50_s", "speedup_p50", "knee",
+           # CPU attribution and utilisation, for the CSV (the printed table shows the columns above)
+           "timeout_rate", "prefix_hit_rate", "server_ttft_s_mean", "server_frontend_s_mean",
+           "replica_cpu_util_mean", "client_cpu_util_mean", "gpu0_util_mean", "request_throughput_rps"]
 
 
 def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame:
@@ -30,13 +33,29 @@ def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def runs_frame(runs: Iterable[Any]) -> pd.DataFrame:
+    """Rows like :func:`results_frame`, from MLflow child runs (params are strings there)."""
+    rows = []
+    for r in runs:
+        p, tags = r.data.params, r.data.tags
+        if "trial_id" not in tags or tags.get("superseded") == "true":
+            continue
+        row = {"trial_id": tags["trial_id"], **{k: p.get(k) for k in GROUP}, "cores": int(p.get("cores", 0)),
+               "status": "COMPLETED" if r.info.status == "FINISHED" else "FAILED",
+               "error_kind": tags.get("error_kind", ""), **r.data.metrics}
+        for k in ("gpus", "repeat"):
+            row[k] = int(row[k]) if row.get(k) is not None else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def comparison(df: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
     """Add ``speedup_p50`` and ``knee`` per group of trials that differ only in cores."""
     if df.empty:
         return df.reindex(columns=COLUMNS)
     df = df.copy()
-    for col in ("requests", "timeouts", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"):
-        if col not in df:
+    for col in COLUMNS:
+        if col not in df and col not in ("speedup_p50", "knee"):
             df[col] = float("nan")
     df["speedup_p50"] = float("nan")
     df["knee"] = ""
@@ -88,4 +107,4 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["calibration", "comparison", "render", "results_frame"]
+__all__ = ["calibration", "comparison", "render", "results_frame", "runs_frame"]
