@@ -19,6 +19,7 @@ smoke: install
 	$(BIN)/orchestrator run sweeps/smoke.yaml
 
 test: install
+	$(BIN)/ruff check orchestrator workloads tests benchmarks
 	$(BIN)/python -m pytest -q
 
 unit: install

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Protocol
 
+from orchestrator.callbacks import Callback, CallbackList
 from orchestrator.plan import SweepPlan, TrialSpec
 from orchestrator.results import ErrorKind, TrialResult
 from orchestrator.trial import Trial, TrialState
@@ -22,36 +23,22 @@ class Executor(Protocol):
     def execute(self, trial: TrialSpec) -> TrialResult: ...
 
 
-class Observer(Protocol):
-    def on_sweep_start(self, plan: SweepPlan) -> None: ...
-    def on_trial_start(self, trial: TrialSpec) -> None: ...
-    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None: ...
-    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None: ...
-
-
 class SweepController:
     """Drive every trial of ``plan`` to a final state; never raises for a failed trial."""
 
-    def __init__(self, plan: SweepPlan, executor: Executor, *, observers: Iterable[Observer] = (),
+    def __init__(self, plan: SweepPlan, executor: Executor, *, observers: Iterable[Callback] = (),
                  finished: Callable[[], set[str]] = set, max_failures: int | None = None,
                  on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None) -> None:
         self.plan = plan
         self.executor = executor
-        self.observers = list(observers)
+        self.observers = CallbackList(observers)
         self.finished = finished
         self.max_failures = plan.spec.max_failures if max_failures is None else max_failures
         self.on_progress = on_progress or (lambda *_: None)
         self.trials = {t.trial_id: Trial(t.trial_id) for t in plan.trials}
 
-    def _notify(self, method: str, *args: object) -> None:
-        for obs in self.observers:
-            try:
-                getattr(obs, method)(*args)
-            except Exception:  # an observer must never kill the sweep
-                log.exception("observer %s.%s failed", type(obs).__name__, method)
-
     def run(self) -> list[TrialResult]:
-        self._notify("on_sweep_start", self.plan)
+        self.observers.on_sweep_start(self.plan)
         done_before = self.finished()
         results: list[TrialResult] = []
         for spec in self.plan.trials:
@@ -62,14 +49,14 @@ class SweepController:
                 continue
             result = self._run_one(trial, spec)
             results.append(result)
-        self._notify("on_sweep_end", self.plan, results)
+        self.observers.on_sweep_end(self.plan, results)
         return results
 
     def _run_one(self, trial: Trial, spec: TrialSpec) -> TrialResult:
         while True:
             trial.transition(TrialState.RUNNING)
             self.on_progress(trial, spec, None)
-            self._notify("on_trial_start", spec)
+            self.observers.on_trial_start(spec)
             try:
                 result = self.executor.execute(spec)
             except Exception as exc:  # an executor bug is still data
@@ -81,10 +68,10 @@ class SweepController:
                 trial.transition(TrialState.RETRYING)
             else:
                 trial.transition(TrialState.FAILED)
-            self._notify("on_trial_result", spec, result)
+            self.observers.on_trial_result(spec, result)
             self.on_progress(trial, spec, result)
             if trial.done:
                 return result
 
 
-__all__ = ["Executor", "Observer", "SweepController"]
+__all__ = ["Executor", "SweepController"]

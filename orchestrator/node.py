@@ -151,9 +151,13 @@ class ReplicaActor:
     def end_window(self) -> dict[str, Any]:
         assert self.replica is not None
         rows = self.sampler.stop() if self.sampler else []
-        after = scrape(self.replica.base_url)
-        return {"server": delta(self.before, after) if self.before is not None else {}, "rows": rows,
-                "alive": self.replica.alive()}
+        alive = self.replica.alive()
+        try:
+            after = scrape(self.replica.base_url) if alive else None
+        except OSError:  # the server died or stopped answering: the trial fails as SERVER_DIED, not here
+            after, alive = None, False
+        server = delta(self.before, after) if self.before is not None and after is not None else {}
+        return {"server": server, "rows": rows, "alive": alive}
 
     def stop(self) -> dict[str, bytes]:
         """Stop everything this actor started and return the node-side artifacts as bytes."""

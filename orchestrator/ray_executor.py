@@ -30,6 +30,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.cores import format_cpulist
 from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.plan import SweepPlan, TrialSpec, trial_hash
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
@@ -245,7 +246,8 @@ class RayTrialExecutor:
         finally:
             ray.kill(workload)
         window = ray.get(lease.replica.end_window.remote())
-        checks["replica_end"] = ray.get(lease.replica.verify.remote())
+        if window["alive"]:
+            checks["replica_end"] = ray.get(lease.replica.verify.remote())
         (tdir / "verified_cores.json").write_text(json.dumps(checks, indent=2))
         warnings.extend(run.warnings)
         metrics = summarize_trial(run, window["server"], window["rows"])
@@ -253,12 +255,12 @@ class RayTrialExecutor:
             metrics["repin_s"] = up["repin_s"]
         status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
         bad = [k for k, v in checks.items() if not v.get("ok", False)]
-        if bad:
+        if not window["alive"]:
+            status, kind, message = TrialStatus.FAILED, ErrorKind.SERVER_DIED, "vLLM exited during the window"
+        elif bad:
             status, kind = TrialStatus.FAILED, ErrorKind.RESTRICTION_VIOLATED
             message = "threads outside their core set in: " + ", ".join(
                 f"{k} ({'; '.join(checks[k].get('violations', [])[:3])})" for k in bad)
-        elif not window["alive"]:
-            status, kind, message = TrialStatus.FAILED, ErrorKind.SERVER_DIED, "vLLM exited during the window"
         return TrialResult(trial_id=trial.trial_id, status=status, error_kind=kind, message=message,
                            records=tuple(run.records), metrics=metrics, params=_flat(params),
                            warnings=tuple(warnings), artifacts_dir=str(tdir), telemetry=tuple(window["rows"]),
@@ -278,10 +280,11 @@ def _last_line(text: str) -> str:
 
 
 def _flat(params: dict[str, Any]) -> dict[str, str]:
+    """MLflow params are strings; core sets use the Linux cpu-list form ("0-3,8") everywhere."""
     out = {}
     for k, v in params.items():
         if isinstance(v, (list, tuple, set, frozenset)):
-            v = ",".join(str(x) for x in sorted(v))
+            v = format_cpulist(v) if k.endswith("_cpus") else ",".join(str(x) for x in sorted(v))
         out[k] = str(v)
     return out
 

