@@ -107,11 +107,15 @@ def sync(home: str | None) -> None:
 @click.argument("sweep_name")
 @click.option("--home", default=None, help=HOME_HELP)
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
-def report(sweep_name: str, home: str | None, csv_path: str | None) -> None:
+@click.option("--core-hour-usd", type=click.FloatRange(min=0), default=None,
+              help="Price of one core-hour; with --gpu-hour-usd, adds the cost of cores against GPUs.")
+@click.option("--gpu-hour-usd", type=click.FloatRange(min=0), default=None, help="Price of one GPU-hour.")
+def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_usd: float | None,
+           gpu_hour_usd: float | None) -> None:
     """Rebuild the comparison of SWEEP_NAME from MLflow (MLFLOW_TRACKING_URI, or the local store)."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.report import calibration, comparison, render, runs_frame
+    from orchestrator.report import calibration, comparison, costs, render, runs_frame
     from orchestrator.services import free_port, mlflow_server
 
     h = _home(home) / "mlflow"
@@ -129,6 +133,13 @@ def report(sweep_name: str, home: str | None, csv_path: str | None) -> None:
     calib = calibration(frame)
     if len(calib):
         console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if (core_hour_usd is None) != (gpu_hour_usd is None):
+        raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
+    if core_hour_usd is not None:
+        bill = costs(table, core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
+        console.print("cost of cores against GPUs (core_share = the cores' part of the hourly bill):")
+        console.print(bill.drop(columns=[c for c in ("restriction", "start", "repeat", "vllm_variant", "hardware")
+                                         if c in bill]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if csv_path:
         table.to_csv(csv_path, index=False)
         console.print(f"table written to {csv_path}")

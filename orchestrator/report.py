@@ -85,6 +85,28 @@ def calibration(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def costs(df: pd.DataFrame, *, core_hour_usd: float, gpu_hour_usd: float) -> pd.DataFrame:
+    """The cost of cores against the cost of GPUs, per trial.
+
+    - ``hourly_usd = cores * core_hour_usd + gpus * gpu_hour_usd``
+    - ``core_share = cores * core_hour_usd / hourly_usd`` (what the CPU side adds to the bill)
+    - ``usd_per_1k_requests = hourly_usd / (request_throughput_rps * 3600) * 1000``
+
+    Adding cores raises the hourly bill a little; if it raises throughput more, each request
+    gets cheaper. Prices are the user's (their cloud's or cluster's), never built in.
+    """
+    if df.empty:
+        return df
+    out = df[[c for c in ("trial_id", *GROUP, "cores", "status", "ttft_p50_s", "request_throughput_rps")
+              if c in df]].copy()
+    gpus = out["gpus"].fillna(0).astype(float) if "gpus" in out else 0.0
+    out["hourly_usd"] = out["cores"] * core_hour_usd + gpus * gpu_hour_usd
+    out["core_share"] = out["cores"] * core_hour_usd / out["hourly_usd"]
+    rps = out.get("request_throughput_rps", pd.Series(float("nan"), index=out.index))
+    out["usd_per_1k_requests"] = out["hourly_usd"] / (rps * 3600) * 1000
+    return out
+
+
 def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     """A rich Table of :func:`comparison`'s output (times in ms)."""
     from rich.table import Table
@@ -107,4 +129,4 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["calibration", "comparison", "render", "results_frame", "runs_frame"]
+__all__ = ["calibration", "comparison", "costs", "render", "results_frame", "runs_frame"]

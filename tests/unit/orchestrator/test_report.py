@@ -54,3 +54,19 @@ def test_calibration_pairs_fresh_and_repin():
     cal = calibration(results_frame(p.trials, results)).set_index("cores")
     assert math.isclose(cal.loc[1, "p50_ratio"], 0.70 / 0.77)
     assert set(cal.index) == {1, 4}
+
+
+def test_costs_of_cores_against_gpus():
+    import pandas as pd
+
+    from orchestrator.report import costs
+
+    df = pd.DataFrame([
+        {"trial_id": "a", "gpus": 1, "cores": 1, "status": "COMPLETED", "ttft_p50_s": 0.3, "request_throughput_rps": 5.0},
+        {"trial_id": "b", "gpus": 1, "cores": 8, "status": "COMPLETED", "ttft_p50_s": 0.1, "request_throughput_rps": 8.0},
+    ])
+    out = costs(df, core_hour_usd=0.05, gpu_hour_usd=4.0).set_index("trial_id")
+    assert math.isclose(out.loc["a", "hourly_usd"], 4.05)
+    assert math.isclose(out.loc["b", "core_share"], 0.4 / 4.4)
+    assert math.isclose(out.loc["b", "usd_per_1k_requests"], 4.4 / (8.0 * 3600) * 1000)
+    assert out.loc["b", "usd_per_1k_requests"] < out.loc["a", "usd_per_1k_requests"]
