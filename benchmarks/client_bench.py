@@ -10,13 +10,21 @@ measures our client against a local server that is much cheaper than any client:
 Sections:
   1. closed loop: sustained streaming requests/s, client CPU-seconds per 1000 requests;
   2. open loop at fixed rates (default 500 and 1000 req/s): dispatch lag p50/p99;
-  3. ``--compare``: the same open-loop load from other tools, each a subprocess pinned to
+  3. TTFT agreement with server-side timestamps (``--ttft-rates``, default 200 and 500 req/s
+     for ``--ttft-seconds``): each prompt starts with a ``[req N]`` tag; the server stamps
+     ``time.monotonic_ns()`` (CLOCK_MONOTONIC, system-wide, so comparable across processes)
+     when it has read request N and after writing its first SSE chunk (the whole stream is one
+     write), and hands the stamps over at ``GET /stamps``. Per request, in microseconds:
+     client TTFT (``first_token_ns - sent_ns``) minus server TTFT (write - read), and its two
+     parts, server read - ``sent_ns`` and ``first_token_ns`` - server write; ``--ttft-only``
+     runs just this section;
+  4. ``--compare``: the same open-loop load from other tools, each a subprocess pinned to
      the client core; CPU per 1000 requests comes from ``getrusage(RUSAGE_CHILDREN)`` minus
      a 1-request run (start-up), and completed requests are counted by the server;
-  4. client-side tokenization time per 1k tokens at 1k..64k-token contexts on one core, for
+  5. client-side tokenization time per 1k tokens at 1k..64k-token contexts on one core, for
      Qwen3 and, if its file is given (``--llama3`` or LLAMA3_TOKENIZER_JSON), Llama 3.
 
-Run: ``python benchmarks/client_bench.py [--compare ours vllm guidellm aiperf]``.
+Run: ``python benchmarks/client_bench.py [--compare ours vllm guidellm aiperf] [--ttft-only]``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +57,7 @@ from workloads.trace import Block, Session, Turn  # noqa: E402
 # --- the server ----------------------------------------------------------------------------
 
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
+_REQ_TAG = re.compile(rb'"prompt":\s*"\[req (\d+)\]')  # section 3's tag, at the start of the body
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
              b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
 _MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench",
@@ -77,16 +87,19 @@ def _sse(n_tokens: int) -> bytes:
 
 class _Http(asyncio.Protocol):
     """Minimal keep-alive HTTP/1.1: headers + Content-Length body in, a cached answer out.
-    GET (model list, health) gets the model list; POST gets a stream of max_tokens events."""
+    GET (model list, health) gets the model list; POST gets a stream of max_tokens events.
+    ``GET /stamps`` returns, and forgets, {tag: [read_ns, first_write_ns]} of tagged POSTs."""
 
     cache: dict[int, bytes] = {}
     served = None  # mp.Value: completed POSTs, counted server-side for tool-agnostic figures
+    stamps: dict[str, tuple[int, int]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.buf = b""
 
     def data_received(self, data: bytes) -> None:
+        read_ns = time.monotonic_ns()  # the call that completes a request is when it has been read
         self.buf += data
         while (head_end := self.buf.find(b"\r\n\r\n")) >= 0:
             head = self.buf[:head_end].lower()
@@ -95,6 +108,11 @@ class _Http(asyncio.Protocol):
             if len(self.buf) < end:
                 return
             body, self.buf = self.buf[head_end + 4:end], self.buf[end:]
+            if head.startswith(b"get /stamps"):
+                stamps = json.dumps(self.stamps).encode()
+                self.stamps.clear()
+                self.transport.write(_JSON_HEAD % len(stamps) + stamps)
+                continue
             if head.startswith(b"get"):
                 self.transport.write(_JSON_HEAD % len(_MODELS) + _MODELS)
                 continue
@@ -103,6 +121,8 @@ class _Http(asyncio.Protocol):
             if (resp := self.cache.get(n)) is None:
                 resp = self.cache[n] = _sse(n)
             self.transport.write(resp)
+            if tag := _REQ_TAG.search(body, 0, 100):
+                self.stamps[tag.group(1).decode()] = (read_ns, time.monotonic_ns())
             self.served.value += 1
 
 
@@ -149,10 +169,11 @@ def _sessions(n: int, out_tokens: int, prompt_tokens: int, rate: float | None) -
     return [Session(f"b{i}", (turn,), start_s=None if rate is None else i / rate) for i in range(n)]
 
 
-async def _load(url: str, factory: TextFactory, sessions: list[Session], strategy, *, tokenize: bool):
+async def _load(url: str, factory: TextFactory, sessions: list[Session], strategy, *, tokenize: bool,
+                render=None):
     count = token_counter(factory.tokenizer) if tokenize else None
     async with StreamingClient(url, "bench", max_connections=strategy.slots, count_tokens=count) as client:
-        gen = LoadGenerator(client, strategy, factory.render)
+        gen = LoadGenerator(client, strategy, render or factory.render)
         cpu0, wall0 = time.process_time(), time.monotonic()
         result = await gen.run(sessions, window_s=3600, timeout_s=30)
         return result, time.process_time() - cpu0, time.monotonic() - wall0
@@ -168,6 +189,31 @@ def bench(url: str, server_pid: int, factory: TextFactory, *, loop: str, n: int,
     return {"ok": ok, "rps": ok / metrics.duration_s(result.records), "cpu_util": cpu / wall,
             "cpu_s_per_1k": cpu / max(ok, 1) * 1000, "server_util": (_server_cpu(server_pid) - s0) / wall,
             "lag_p50_ms": metrics.percentile(lags, 50) * 1e3, "lag_p99_ms": metrics.percentile(lags, 99) * 1e3}
+
+
+def ttft_agreement(url: str, factory: TextFactory, *, loop: str, rate: float, seconds: float, out_tokens: int,
+                   prompt_tokens: int) -> dict[str, list[float]]:
+    """Open loop at ``rate``; per ok request matched to the server's stamps, in microseconds:
+    client TTFT - server TTFT = (server read - sent_ns) + (first_token_ns - server write)."""
+    # Session i's first block, Block(i, 0), is no text but the tag that names it to the server.
+    turns = [Turn(append=(Block(i, 0), Block(1, prompt_tokens)), output_tokens=out_tokens)
+             for i in range(int(rate * seconds))]
+    sessions = [Session(str(i), (turn,), start_s=i / rate) for i, turn in enumerate(turns)]
+
+    def render(blocks) -> str:
+        return f"[req {blocks[0].hash_id}]" + factory.render(blocks[1:])
+
+    result, _, _ = _run(_load(url, factory, sessions, OpenLoop(4096), tokenize=False, render=render), loop)
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url + "/stamps") as resp:
+        stamps = json.load(resp)
+    out: dict[str, list[float]] = {"ttft": [], "read": [], "return": []}
+    for r in result.records:
+        if r.status == "ok" and r.session_id in stamps:
+            read_ns, write_ns = stamps[r.session_id]
+            out["ttft"].append((r.first_token_ns - r.sent_ns - (write_ns - read_ns)) / 1e3)
+            out["read"].append((read_ns - r.sent_ns) / 1e3)
+            out["return"].append((r.first_token_ns - write_ns) / 1e3)
+    return out
 
 
 # --- other tools, as pinned subprocesses -----------------------------------------------------------
@@ -271,6 +317,9 @@ def main() -> None:
     ap.add_argument("--compare", nargs="*", default=[], choices=["ours", "vllm", "guidellm", "aiperf"])
     ap.add_argument("--benchenv", type=Path, default=Path("/tmp/benchenv"), help="venv holding guidellm/aiperf")
     ap.add_argument("--llama3", type=Path, default=os.environ.get("LLAMA3_TOKENIZER_JSON"))
+    ap.add_argument("--ttft-rates", type=float, nargs="*", default=[200.0, 500.0], help="none: skip section 3")
+    ap.add_argument("--ttft-seconds", type=float, default=10.0)
+    ap.add_argument("--ttft-only", action="store_true", help="run only section 3")
     ap.add_argument("--skip-client", action="store_true")
     ap.add_argument("--skip-tokenize", action="store_true")
     ap.add_argument("--client-only", metavar="URL", help=argparse.SUPPRESS)  # used by --compare ours
@@ -293,7 +342,7 @@ def main() -> None:
         os.sched_setaffinity(0, {args.client_core})
         print(f"# client core {args.client_core}, server core {args.server_core}, {args.out_tokens} tokens per "
               f"request (one SSE event each), {args.prompt_tokens}-token prompts, python {sys.version.split()[0]}")
-        if not args.skip_client:
+        if not (args.skip_client or args.ttft_only):
             print(f"\n{'loop':>8} {'tokenize':>9} {'target':>7} {'ok':>6} {'req/s':>7} {'lag p50 ms':>11} "
                   f"{'lag p99 ms':>11} {'client cpu':>10} {'cpu-s/1k':>9} {'server cpu':>10}")
             for loop in args.loops:
@@ -308,14 +357,27 @@ def main() -> None:
                         print(f"{loop:>8} {'inflight' if tokenize else 'off':>9} {target:>7} {r['ok']:>6} "
                               f"{r['rps']:>7.0f} {r['lag_p50_ms']:>11.3f} {r['lag_p99_ms']:>11.3f} "
                               f"{r['cpu_util']:>10.0%} {r['cpu_s_per_1k']:>9.3f} {r['server_util']:>10.0%}")
-        if args.compare:
+        if args.ttft_rates:
+            print(f"\n## TTFT agreement with server-side timestamps, open loop {args.ttft_seconds:.0f} s per rate "
+                  "(microseconds; server TTFT: request read -> first SSE chunk written)")
+            print(f"{'loop':>8} {'rate':>5} {'matched':>7} |{'client TTFT - server TTFT':^26}|"
+                  f"{'server read - sent_ns':^26}|{'first token - server write':^26}")
+            print(f"{'':>22} |" + f"{'p50':>8} {'p99':>8} {'max':>8}|" * 3)
+            for loop in args.loops:
+                for rate in args.ttft_rates:
+                    d = ttft_agreement(url, qwen, loop=loop, rate=rate, seconds=args.ttft_seconds,
+                                       out_tokens=args.out_tokens, prompt_tokens=args.prompt_tokens)
+                    cells = "|".join(" ".join(f"{metrics.percentile(v, q):>8.0f}" for q in (50, 99, 100))
+                                     for v in d.values())
+                    print(f"{loop:>8} {rate:>5.0f} {len(d['ttft']):>7} |{cells}|")
+        if args.compare and not args.ttft_only:
             compare(args.compare, url, served, args.client_core, n=args.requests, rate=args.rates[0],
                     out=args.out_tokens, prompt=args.prompt_tokens, benchenv=args.benchenv)
     finally:
         server.kill()
         server.join(5)
 
-    if args.skip_tokenize:
+    if args.skip_tokenize or args.ttft_only:
         return
     factories = [("qwen3", qwen)]
     if args.llama3 and Path(args.llama3).is_file():
