@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -106,7 +108,7 @@ def scratch_paths(scratch_dir: str | Path) -> dict[str, str]:
     root = Path(scratch_dir)
     rpc = root / "rpc"
     if len(str(rpc)) > 60:
-        rpc = Path(f"/tmp/cpusweep-rpc-{os.getuid()}")
+        rpc = Path(tempfile.gettempdir()) / f"cpusweep-rpc-{os.getuid()}"
     return {"TMPDIR": str(root / "tmp"), "VLLM_CACHE_ROOT": str(root / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(rpc)}
 
 
@@ -168,6 +170,9 @@ class VllmReplica:
         self.stop_grace_s = stop_grace_s
         self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python)
         self.env_recorded = server_env(trial, self.cores, self.scratch_dir, self.mode_used)
+        # One socket folder per live replica (ports are unique while it runs), removed by stop().
+        self.rpc_dir = Path(self.env_recorded["VLLM_RPC_BASE_PATH"]) / str(port)
+        self.env_recorded["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
         self.restriction = Restriction(f"{trial.trial_id}-{port}", self.mode_used, self.cores)
         self.log_path = self.workdir / "vllm.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -336,6 +341,7 @@ class VllmReplica:
         report["port_free"] = port_is_free(self.port)
         if self.trial.gpus > 0:
             report["gpu_pids_left"] = _gpu_pids(set(self._seen))
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.stop_report = report
         return report
 
