@@ -115,7 +115,12 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0) -> I
 
 def ui_command(home: Path, port: int = 5000) -> str:
     """The command a user runs to browse a local sweep's results afterwards."""
-    return f"orchestrator ui --home {home}  (then open http://127.0.0.1:{port})"
+    exe = Path(sys.executable).parent / "orchestrator"  # the venv's script, even when it is not on PATH
+    cmd = "orchestrator"
+    if exe.exists():
+        rel = os.path.relpath(exe)
+        cmd = str(exe) if rel.startswith("..") else rel
+    return f"{cmd} ui --home {home}  (then open http://127.0.0.1:{port})"
 
 
 @contextmanager
