@@ -51,6 +51,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported
 from workloads import metrics  # noqa: E402
 from workloads.client import StreamingClient  # noqa: E402
 from workloads.loadgen import ClosedLoop, LoadGenerator, OpenLoop  # noqa: E402
+from workloads.runner import frozen_setup  # noqa: E402
 from workloads.text import TextFactory, bundled_tokenizer_path, load_tokenizer, token_counter  # noqa: E402
 from workloads.trace import Block, Session, Turn  # noqa: E402
 
@@ -172,11 +173,12 @@ def _sessions(n: int, out_tokens: int, prompt_tokens: int, rate: float | None) -
 async def _load(url: str, factory: TextFactory, sessions: list[Session], strategy, *, tokenize: bool,
                 render=None):
     count = token_counter(factory.tokenizer) if tokenize else None
-    async with StreamingClient(url, "bench", max_connections=strategy.slots, count_tokens=count) as client:
-        gen = LoadGenerator(client, strategy, render or factory.render)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        result = await gen.run(sessions, window_s=3600, timeout_s=30)
-        return result, time.process_time() - cpu0, time.monotonic() - wall0
+    with frozen_setup():  # as run_workload does: no full collection of the set-up heap in the window
+        async with StreamingClient(url, "bench", max_connections=strategy.slots, count_tokens=count) as client:
+            gen = LoadGenerator(client, strategy, render or factory.render)
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            result = await gen.run(sessions, window_s=3600, timeout_s=30)
+            return result, time.process_time() - cpu0, time.monotonic() - wall0
 
 
 def bench(url: str, server_pid: int, factory: TextFactory, *, loop: str, n: int, strategy, rate: float | None,
