@@ -15,19 +15,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from orchestrator.cores import format_cpulist, thread_env
+from orchestrator.net import free_port, http_ok, port_is_free
 from orchestrator.plan import TrialSpec
 from orchestrator.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
 from orchestrator.results import ErrorKind
@@ -61,23 +59,6 @@ def vllm_version() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "unknown"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now (the OS picks it; a tiny race with other binders remains)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
@@ -139,14 +120,6 @@ def _tail(path: Path, n_bytes: int = 6000) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 class VllmReplica:
@@ -245,7 +218,7 @@ class VllmReplica:
                 self.stop()
                 raise ReplicaError(ErrorKind.SERVER_DIED, f"vLLM exited with code {code} before it was healthy",
                                    _tail(self.log_path))
-            if _http_ok(self.base_url + "/health") and _http_ok(self.base_url + "/v1/models"):
+            if http_ok(self.base_url + "/health") and http_ok(self.base_url + "/v1/models"):
                 self.healthy_after_s = time.monotonic() - self.started_at
                 self._remember_tree()
                 return self.healthy_after_s

@@ -10,39 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from orchestrator.net import free_port, http_ok, port_is_free
+
 
 class ServiceError(RuntimeError):
     pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_open(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status == 200
-    except Exception:  # noqa: BLE001 - any failure means "not healthy"
-        return False
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -91,7 +71,7 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0) -> I
         yield MlflowServer(uri=external, proc=None)
         return
     home.mkdir(parents=True, exist_ok=True)
-    if port_open("127.0.0.1", port):
+    if not port_is_free(port):
         port = free_port()
     log_path = home / "mlflow-server.log"
     with open(log_path, "ab") as log:
@@ -140,5 +120,4 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
         ray.shutdown()
 
 
-__all__ = ["MlflowServer", "ServiceError", "free_port", "http_ok", "kill_group", "mlflow_server",
-           "port_open", "ray_cluster", "ui_command"]
+__all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "mlflow_server", "ray_cluster", "ui_command"]
