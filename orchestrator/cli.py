@@ -117,16 +117,15 @@ def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_us
 
     from orchestrator.report import calibration, comparison, costs, render, runs_frame
     from orchestrator.services import free_port, mlflow_server
+    from orchestrator.tracking import trial_runs
 
     h = _home(home) / "mlflow"
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (h / "mlflow.db").exists():
         raise click.ClickException(f"no MLFLOW_TRACKING_URI and no local MLflow store at {h}")
     with mlflow_server(h, port=free_port()) as server:
-        client = MlflowClient(server.uri)
-        exp = client.get_experiment_by_name(sweep_name)
-        if exp is None:
-            raise click.ClickException(f"no experiment named {sweep_name!r} at {server.uri}")
-        runs = client.search_runs([exp.experiment_id], "tags.`orchestrator.kind` = 'trial'", max_results=5000)
+        runs = trial_runs(MlflowClient(server.uri), sweep_name)
+        if not runs:
+            raise click.ClickException(f"no trials of sweep {sweep_name!r} at {server.uri}")
     frame = runs_frame(runs)
     table = comparison(frame)
     console.print(render(table, title=f"{sweep_name}: TTFT against cores"))

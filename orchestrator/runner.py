@@ -42,17 +42,12 @@ def _tracked_frame(uri: str, plan: SweepPlan):
     from mlflow.tracking import MlflowClient
 
     from orchestrator.report import runs_frame
-    from orchestrator.tracking import mlflow_server_ok
+    from orchestrator.tracking import mlflow_server_ok, trial_runs
 
     if not mlflow_server_ok(uri):
         return None
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(plan.spec.name)
-    if exp is None:
-        return None
     ids = {t.trial_id for t in plan.trials}
-    runs = client.search_runs([exp.experiment_id], "tags.`orchestrator.kind` = 'trial'", max_results=5000)
-    frame = runs_frame(r for r in runs if r.data.tags.get("trial_id") in ids)
+    frame = runs_frame(r for r in trial_runs(MlflowClient(uri), plan.spec.name) if r.data.tags.get("trial_id") in ids)
     return frame if len(frame) else None
 
 

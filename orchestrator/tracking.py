@@ -93,6 +93,15 @@ def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) ->
             return runs
 
 
+def trial_runs(client: MlflowClient, sweep: str) -> list[Any]:
+    """The latest run of every trial of ``sweep`` (superseded attempts left out); [] if none exist yet."""
+    exp = client.get_experiment_by_name(sweep)
+    if exp is None:
+        return []
+    return _search_all(client, exp.experiment_id, f"tags.sweep = '{sweep}' and {_TRIAL_KIND} "
+                                                   "and tags.superseded = 'false'")
+
+
 def _experiment_id(client: MlflowClient, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -393,4 +402,4 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
 
 
 __all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "mlflow_server_ok",
-           "sync_outbox", "upload_trial"]
+           "sync_outbox", "trial_runs", "upload_trial"]
