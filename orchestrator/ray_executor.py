@@ -213,16 +213,12 @@ class RayTrialExecutor:
 
     def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> dict[str, Any]:
         """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
-        if not lease.started:
-            up = ray.get(lease.replica.start.remote(cores))
-            if "error_kind" in up:
-                raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
-            lease.started = True
-            return {**up, "params": {**up["params"], "repinned": False}}
-        up = ray.get(lease.replica.repin.remote(cores))
+        fresh = not lease.started
+        up = ray.get((lease.replica.start if fresh else lease.replica.repin).remote(cores))
         if "error_kind" in up:
             raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
-        return up
+        lease.started = True
+        return {**up, "params": {**up["params"], "repinned": False}} if fresh else up
 
     def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
         alloc = self._allocate(trial, lease)
