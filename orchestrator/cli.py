@@ -115,10 +115,13 @@ def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_us
     """Rebuild the comparison of SWEEP_NAME from MLflow (MLFLOW_TRACKING_URI, or the local store)."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.report import calibration, comparison, costs, render, runs_frame
+    from orchestrator.report import costs, runs_frame
+    from orchestrator.runner import print_tables
     from orchestrator.services import free_port, mlflow_server
     from orchestrator.tracking import trial_runs
 
+    if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
+        raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
     h = _home(home) / "mlflow"
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (h / "mlflow.db").exists():
         raise click.ClickException(f"no MLFLOW_TRACKING_URI and no local MLflow store at {h}")
@@ -126,14 +129,7 @@ def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_us
         runs = trial_runs(MlflowClient(server.uri), sweep_name)
         if not runs:
             raise click.ClickException(f"no trials of sweep {sweep_name!r} at {server.uri}")
-    frame = runs_frame(runs)
-    table = comparison(frame)
-    console.print(render(table, title=f"{sweep_name}: TTFT against cores"))
-    calib = calibration(frame)
-    if len(calib):
-        console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if (core_hour_usd is None) != (gpu_hour_usd is None):
-        raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
+    table = print_tables(console, runs_frame(runs), sweep_name)
     if core_hour_usd is not None:
         bill = costs(table, core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
         console.print("cost of cores against GPUs (core_share = the cores' part of the hourly bill):")

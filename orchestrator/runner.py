@@ -18,7 +18,19 @@ from orchestrator.spec import SweepSpec
 from orchestrator.trial import Trial, TrialState
 
 
-def _progress(console: Console, total: int):
+def print_tables(console: Console, frame, sweep_name: str):
+    """Print the comparison (and the fresh-vs-repin calibration, when the sweep has both); return the table."""
+    table = comparison(frame)
+    if len(table):
+        console.print(render(table, title=f"{sweep_name}: TTFT against cores"))
+    calib = calibration(frame)
+    if len(calib):
+        console.print("fresh vs re-pinned at the same cores (ratio = repin / fresh):")
+        console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return table
+
+
+def _progress(console: Console):
     started: dict[str, float] = {}
 
     def on_progress(trial: Trial, spec: TrialSpec, result: TrialResult | None) -> None:
@@ -67,7 +79,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         controller = SweepController(
             plan, executor, observers=[tracker],
             finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,
-            on_progress=_progress(console, len(plan)))
+            on_progress=_progress(console))
         try:
             results = controller.run()
         finally:
@@ -76,13 +88,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         frame = _tracked_frame(ml.uri, plan)
     if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
         frame = results_frame(plan.trials, results)
-    table = comparison(frame)
-    if len(table):
-        console.print(render(table, title=f"{spec.name}: TTFT against cores"))
-    calib = calibration(frame)
-    if len(calib):
-        console.print("fresh vs re-pinned at the same cores (ratio = repin / fresh):")
-        console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    table = print_tables(console, frame, spec.name)
     csv = home / "reports" / f"{spec.name}.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
@@ -97,4 +103,4 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
     return 1 if failed else 0
 
 
-__all__ = ["run_sweep"]
+__all__ = ["print_tables", "run_sweep"]
