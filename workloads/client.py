@@ -1,8 +1,13 @@
-"""Streaming OpenAI-compatible completions client: sends one request and times every token.
+"""Streaming OpenAI-compatible client: sends one request and times every token.
 
-This is the *how* of the load generator. It POSTs ``/v1/completions`` with streaming on,
-stamps each server-sent event with the injected clock, and returns a ``RequestRecord`` plus
-the answer text (agentic sessions append the real answer to the next prompt).
+This is the *how* of the load generator. It POSTs ``/v1/completions`` (a prompt string) or,
+for a request with ``messages`` (recorded sessions), ``/v1/chat/completions``, with
+streaming on, stamps each server-sent event with the injected clock, and returns a
+``RequestRecord`` plus the answer text (agentic sessions append the real answer to the next
+prompt). Both endpoints get the same forced length, sampling and ``stream_options``; only
+the prompt field (``prompt`` vs ``messages``) and where chunk text lives (``choices[].text``
+vs ``choices[].delta.content``) differ. The server applies the model's chat template, so a
+chat request's tokenization cost includes rendering it, as in real agent serving.
 
 Choices, and why:
   * Every limit is explicit. The connection pool equals the workload's concurrency, so
@@ -59,6 +64,7 @@ class StreamingClient:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self._url = base_url.rstrip("/") + "/v1/completions"
+        self._chat_url = base_url.rstrip("/") + "/v1/chat/completions"
         self._model = model
         self._max_connections = max_connections
         self._clock = clock or MonotonicClock()
@@ -90,10 +96,24 @@ class StreamingClient:
         if session is not None:
             await session.close()
 
-    def _body(self, request: Request) -> bytes:
+    def _stream_options(self) -> dict[str, bool]:
         stream_options = {"include_usage": True}
         if self._continuous_usage:
             stream_options["continuous_usage_stats"] = True
+        return stream_options
+
+    def _chat_body(self, request: Request) -> bytes:
+        assert request.messages is not None
+        return json.dumps({
+            "model": self._model, "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": request.max_tokens, "min_tokens": request.max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": self._stream_options(),
+        }).encode()
+
+    def _body(self, request: Request) -> bytes:
+        if request.messages is not None:
+            return self._chat_body(request)
+        stream_options = self._stream_options()
         return json.dumps({
             "model": self._model, "prompt": request.prompt,
             "max_tokens": request.max_tokens, "min_tokens": request.max_tokens, "ignore_eos": True,
@@ -106,6 +126,7 @@ class StreamingClient:
             raise RuntimeError("StreamingClient must be entered (async with) before send()")
         clock = self._clock
         body = self._body(request)
+        chat = request.messages is not None
         sent_ns = clock.now_ns()
         deadline_ns = sent_ns + int(request.timeout_s * 1e9)
         limit_ns = deadline_ns if request.cut_ns is None else min(deadline_ns, request.cut_ns)
@@ -116,13 +137,13 @@ class StreamingClient:
             tokenize = asyncio.get_running_loop().run_in_executor(
                 self._executor, timed_count, self._count_tokens, request.prompt)
 
-        st = _StreamState()
+        st = _StreamState(chat)
         status: Status = "ok"
         error: str | None = None
         cm = asyncio.timeout((limit_ns - clock.now_ns()) / 1e9)
         try:
             async with cm:
-                await self._exchange(body, st)
+                await self._exchange(self._chat_url if chat else self._url, body, st)
         except TimeoutError as exc:
             if cm.expired():
                 status, error = limit_status, f"no complete answer within {(limit_ns - sent_ns) / 1e9:.3f} s"
@@ -145,12 +166,12 @@ class StreamingClient:
             prompt_tokens=st.prompt_tokens if st.prompt_tokens is not None else client_tokens,
             completion_tokens=st.completion_tokens if st.completion_tokens is not None else len(st.token_ns),
             cached_tokens=st.cached_tokens, client_prompt_tokens=client_tokens, tokenize_ns=tokenize_ns,
-            status=status, error=error)
+            status=status, error=error, recorded_prompt_tokens=request.recorded_prompt_tokens)
         return record, "".join(st.text)
 
-    async def _exchange(self, body: bytes, st: "_StreamState") -> None:
+    async def _exchange(self, url: str, body: bytes, st: "_StreamState") -> None:
         assert self._session is not None
-        async with self._session.post(self._url, data=body,
+        async with self._session.post(url, data=body,
                                       headers={"Content-Type": "application/json"}) as resp:
             if resp.status >= 400:
                 detail = (await resp.text(errors="replace"))[:_ERROR_BODY_CHARS]
@@ -172,11 +193,16 @@ class _ServerError(Exception):
 
 
 class _StreamState:
-    """Accumulates one stream's facts; ``feed`` returns True at ``[DONE]``."""
+    """Accumulates one stream's facts; ``feed`` returns True at ``[DONE]``.
 
-    __slots__ = ("text", "token_ns", "prompt_tokens", "completion_tokens", "cached_tokens", "_cum")
+    ``chat``: chunk text is in ``choices[].delta.content`` (chat completions), else in
+    ``choices[].text``. A chat stream's first chunk carries only the role, no text.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("chat", "text", "token_ns", "prompt_tokens", "completion_tokens", "cached_tokens", "_cum")
+
+    def __init__(self, chat: bool = False) -> None:
+        self.chat = chat
         self.text: list[str] = []
         self.token_ns: list[int] = []
         self.prompt_tokens: int | None = None
@@ -210,7 +236,7 @@ class _StreamState:
         usage = obj.get("usage")
         new_tokens = 0
         for choice in choices:
-            text = choice.get("text") or ""
+            text = ((choice.get("delta") or {}).get("content") if self.chat else choice.get("text")) or ""
             if text:
                 self.text.append(text)
             if usage is None:

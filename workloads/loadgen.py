@@ -12,7 +12,14 @@ Strategies:
 Within a session turns are sequential: turn k+1 is scheduled ``think_s`` after turn k's
 answer ended, and its prompt is the context so far plus the real answer (see
 ``workloads.trace``). A turn that did not end ``ok`` ends its session, because the next
-prompt would lack a real answer.
+prompt would lack a real answer (recorded sessions in trace mode follow the same rule, so
+both modes stop at the same point when a server fails).
+
+Chat sessions (recorded ones, ``Turn.messages``) keep their history as chat messages: each
+turn appends its recorded messages, and after its answer an assistant message holding the
+recorded ``assistant_text`` (trace mode) or the server's answer (live mode). The request's
+``prompt`` is then the history's ``chat_transcript``, which is what ``keep_prompts``,
+``LoadResult.prompt`` and client-side tokenization see.
 
 The measurement window (decided here, and the only place it is decided):
   * A turn whose scheduled time is at or after ``window_end`` is not sent; it is counted in
@@ -30,9 +37,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from .protocols import Backend, Clock, MonotonicClock, Request
+from .protocols import Backend, Clock, MonotonicClock, Request, chat_transcript
 from .records import RequestRecord
-from .trace import Block, Session
+from .trace import Block, Message, Session, Turn
 
 Renderer = Callable[[Iterable[Block]], str]
 
@@ -96,7 +103,8 @@ class LoadResult:
     prompt_chars: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def prompt(self, request_id: str) -> str:
-        """The exact prompt sent for ``request_id`` (needs ``keep_prompts``)."""
+        """The exact prompt sent for ``request_id`` (needs ``keep_prompts``); for a chat
+        request, the transcript of its messages (``protocols.chat_transcript``)."""
         session_id, chars = self.prompt_chars[request_id]
         return self.contexts[session_id][:chars]
 
@@ -128,7 +136,8 @@ class LoadGenerator:
         async with asyncio.TaskGroup() as group:
             for i, session in enumerate(ordered):
                 # Render before waiting, so building the prompt does not count as lag.
-                first = self._render(session.turns[0].append)
+                history = _ChatHistory() if session.is_chat else _TextHistory(self._render)
+                history.extend(session.turns[0])
                 planned = None if session.start_s is None else start_ns + int(session.start_s * 1e9)
                 if planned is not None:
                     await clock.sleep_until_ns(planned)
@@ -144,7 +153,7 @@ class LoadGenerator:
                     state.unstarted(ordered[i:])
                     break
                 state.sessions_started += 1
-                group.create_task(self._run_session(session, first, scheduled, state))
+                group.create_task(self._run_session(session, history, scheduled, state))
         records = sorted(state.records, key=lambda r: (r.scheduled_ns, r.request_id))
         return LoadResult(records=tuple(records), start_ns=start_ns, window_end_ns=state.window_end_ns,
                           sessions_started=state.sessions_started,
@@ -152,27 +161,26 @@ class LoadGenerator:
                           turns_unsent=state.turns_unsent, slot_waits=state.slot_waits,
                           contexts=state.contexts, prompt_chars=state.prompt_chars)
 
-    async def _run_session(self, session: Session, first: str, scheduled_ns: int,
+    async def _run_session(self, session: Session, history: "_TextHistory | _ChatHistory", scheduled_ns: int,
                            state: "_RunState") -> None:
         clock = self._clock
-        context = [first]
         try:
             for k, turn in enumerate(session.turns):
                 if k > 0:
-                    context.append(self._render(turn.append))
+                    history.extend(turn)
                     scheduled_ns = clock.now_ns() + int(turn.think_s * 1e9)
                     if scheduled_ns >= state.window_end_ns:
                         state.turns_unsent += len(session.turns) - k
                         return
-                    prompt = "".join(context)  # joined before the wait: not part of the lag
+                prompt, messages = history.prompt()  # built before the wait: not part of the lag
+                if k > 0:
                     await clock.sleep_until_ns(scheduled_ns)
-                else:
-                    prompt = first
                 request = Request(
                     request_id=f"{session.session_id}:{k}", session_id=session.session_id, turn=k,
                     prompt=prompt, max_tokens=turn.output_tokens, scheduled_ns=scheduled_ns,
                     timeout_s=state.timeout_s, cut_ns=state.cut_ns,
-                    planned_prompt_tokens=session.planned_prompt_tokens(k))
+                    planned_prompt_tokens=session.planned_prompt_tokens(k), messages=messages,
+                    recorded_prompt_tokens=turn.recorded_prompt_tokens)
                 record, answer = await self._send(request)
                 state.records.append(record)
                 if self._keep_prompts:
@@ -181,7 +189,7 @@ class LoadGenerator:
                 if record.status != "ok":
                     state.turns_unsent += len(session.turns) - k - 1
                     return
-                context.append(answer)
+                history.answer(turn, answer)
         finally:
             state.slots.release()
 
@@ -195,7 +203,51 @@ class LoadGenerator:
                 scheduled_ns=request.scheduled_ns, sent_ns=sent_ns, first_token_ns=None, token_ns=(),
                 end_ns=self._clock.now_ns(), prompt_tokens=request.planned_prompt_tokens,
                 completion_tokens=0, cached_tokens=None, client_prompt_tokens=request.planned_prompt_tokens,
-                tokenize_ns=0, status="error", error=f"backend raised {type(exc).__name__}: {exc}"), ""
+                tokenize_ns=0, status="error", error=f"backend raised {type(exc).__name__}: {exc}",
+                recorded_prompt_tokens=request.recorded_prompt_tokens), ""
+
+
+class _TextHistory:
+    """A block session's context: rendered appends and the server's answers, as one string."""
+
+    __slots__ = ("_render", "_parts")
+
+    def __init__(self, render: Renderer) -> None:
+        self._render = render
+        self._parts: list[str] = []
+
+    def extend(self, turn: Turn) -> None:
+        self._parts.append(self._render(turn.append))
+
+    def prompt(self) -> tuple[str, None]:
+        return (self._parts[0] if len(self._parts) == 1 else "".join(self._parts)), None
+
+    def answer(self, turn: Turn, text: str) -> None:
+        self._parts.append(text)
+
+
+class _ChatHistory:
+    """A chat session's context: the messages so far, and their transcript for the record."""
+
+    __slots__ = ("_messages", "_parts")
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self._parts: list[str] = []
+
+    def extend(self, turn: Turn) -> None:
+        assert turn.messages is not None
+        self._messages.extend(turn.messages)
+        self._parts.append(chat_transcript(turn.messages))
+
+    def prompt(self) -> tuple[str, tuple[Message, ...]]:
+        return "".join(self._parts), tuple(self._messages)
+
+    def answer(self, turn: Turn, text: str) -> None:
+        # Trace mode: the recorded answer, so every later prompt is the recorded one.
+        message = Message("assistant", turn.recorded_answer if turn.recorded_answer is not None else text)
+        self._messages.append(message)
+        self._parts.append(chat_transcript((message,)))
 
 
 @dataclass(slots=True)

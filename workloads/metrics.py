@@ -78,6 +78,17 @@ def tokenize_s(records: Sequence[RequestRecord]) -> list[float]:
     return [r.tokenize_ns / _NS for r in records if r.tokenize_ns > 0]
 
 
+def prompt_tokens_vs_recorded(records: Sequence[RequestRecord]) -> list[float]:
+    """Per ok request of a replayed recording: ``prompt_tokens / recorded_prompt_tokens``.
+
+    Requests without a recorded count (or with a recorded 0) are skipped. Near 1 when the
+    server's tokenizer and chat template match the recording's; ``prompt_tokens`` is the
+    server's ``usage.prompt_tokens`` whenever the server reports usage.
+    """
+    return [r.prompt_tokens / r.recorded_prompt_tokens for r in ok_records(records)
+            if r.recorded_prompt_tokens]
+
+
 def count_status(records: Sequence[RequestRecord], status: str) -> int:
     """Number of records with the given status."""
     return sum(1 for r in records if r.status == status)
@@ -140,6 +151,8 @@ def summarize(records: Sequence[RequestRecord], *, ttft_slo_s: float | None = No
     server reported cached tokens (``prefix_hit_rate`` is omitted if none did).
     Throughputs divide ok requests / their completion tokens by :func:`duration_s`.
     ``goodput_rps`` appears only when an SLO is given.
+    ``prompt_tokens_vs_recorded_ratio_mean`` (mean of :func:`prompt_tokens_vs_recorded`)
+    appears only for replayed recordings with recorded prompt counts.
     """
     ok = ok_records(records)
     n = len(records)
@@ -172,6 +185,10 @@ def summarize(records: Sequence[RequestRecord], *, ttft_slo_s: float | None = No
             if denom:
                 out["prefix_hit_rate"] = cached / denom
 
+    ratios = prompt_tokens_vs_recorded(records)
+    if ratios:
+        out["prompt_tokens_vs_recorded_ratio_mean"] = float(np.mean(ratios))
+
     span = duration_s(records)
     if span > 0:
         out["duration_s"] = span
@@ -184,5 +201,5 @@ def summarize(records: Sequence[RequestRecord], *, ttft_slo_s: float | None = No
 
 __all__ = [
     "count_status", "dispatch_lag_s", "duration_s", "e2e_s", "goodput_count", "itl_s", "ok_records",
-    "percentile", "summarize", "tokenize_s", "tpot_s", "ttft_s",
+    "percentile", "prompt_tokens_vs_recorded", "summarize", "tokenize_s", "tpot_s", "ttft_s",
 ]

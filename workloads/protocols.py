@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .records import RequestRecord
+from .trace import Message
 
 
 class Clock(Protocol):
@@ -52,6 +53,10 @@ class Request:
     the measurement window), or None to let it run to its deadline.
     ``planned_prompt_tokens``: the loader's token count for the prompt, the fallback when
     neither the server nor a client tokenizer reports one.
+    ``messages``: set for a chat request (sent to ``/v1/chat/completions``). ``prompt`` then
+    holds the messages as a transcript (``chat_transcript``), which is what client-side
+    tokenization counts, since there is no single prompt string on the client.
+    ``recorded_prompt_tokens``: the recording's prompt count, copied into the record.
     """
 
     request_id: str
@@ -63,6 +68,19 @@ class Request:
     timeout_s: float
     cut_ns: int | None
     planned_prompt_tokens: int
+    messages: tuple[Message, ...] | None = None
+    recorded_prompt_tokens: int | None = None
+
+
+def chat_transcript(messages: tuple[Message, ...] | list[Message]) -> str:
+    """The text of chat messages as the client counts it: ``role\ncontent\n\n`` per message.
+
+    Why this form: it holds every character of content the server's tokenizer sees, so
+    client-side counts and tokenization times track the server's, short of the chat
+    template's few special tokens per message; and the transcript of a session's turn k is
+    a prefix of turn k+1's (the history only grows), which ``LoadResult.prompt`` relies on.
+    """
+    return "".join(f"{m.role}\n{m.content}\n\n" for m in messages)
 
 
 class Backend(Protocol):
@@ -74,4 +92,4 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "Clock", "MonotonicClock", "Request"]
+__all__ = ["Backend", "Clock", "MonotonicClock", "Request", "chat_transcript"]

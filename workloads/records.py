@@ -52,6 +52,7 @@ class RequestRecord:
     tokenize_ns: int  # client-side tokenization time of the prompt; 0 = not measured
     status: Status
     error: str | None = None
+    recorded_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -63,7 +64,10 @@ _FIELDS = tuple(f.name for f in fields(RequestRecord))
 # Parquet round trip, and plain ``object`` columns of Python ints would not survive it.
 _INT_COLUMNS = ("turn", "scheduled_ns", "sent_ns", "end_ns", "prompt_tokens", "completion_tokens",
                 "client_prompt_tokens", "tokenize_ns")
-_NULLABLE_INT_COLUMNS = ("first_token_ns", "cached_tokens")
+_NULLABLE_INT_COLUMNS = ("first_token_ns", "cached_tokens", "recorded_prompt_tokens")
+# Columns added after records were first written: frames (Parquet files) from before lack
+# them, and read back with the field's default.
+_OPTIONAL_COLUMNS = ("recorded_prompt_tokens",)
 
 
 def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
@@ -91,7 +95,7 @@ def _opt_str(value: object) -> str | None:
 
 def frame_to_records(frame: pd.DataFrame) -> list[RequestRecord]:
     """Inverse of :func:`records_to_frame` (also after a Parquet round trip)."""
-    missing = set(_FIELDS) - set(frame.columns)
+    missing = set(_FIELDS) - set(frame.columns) - set(_OPTIONAL_COLUMNS)
     if missing:
         raise ValueError(f"frame lacks record columns: {sorted(missing)}")
     out: list[RequestRecord] = []
@@ -112,6 +116,7 @@ def frame_to_records(frame: pd.DataFrame) -> list[RequestRecord]:
             tokenize_ns=int(row["tokenize_ns"]),
             status=str(row["status"]),  # type: ignore[arg-type]
             error=_opt_str(row["error"]),
+            recorded_prompt_tokens=_opt_int(row.get("recorded_prompt_tokens")),
         ))
     return out
 

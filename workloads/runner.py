@@ -6,6 +6,11 @@ This module only wires the parts: loader (sessions), ``TextFactory`` (text), str
 plus the client's own cost, because a CPU-starvation study must show the *client* was not
 the bottleneck before blaming the server's cores.
 
+Recorded sessions are chat sessions with their own text: the load generator sends them to
+the chat endpoint and never calls the factory's renderer for them; the factory's tokenizer
+still does the client-side counts, of each request's message transcript
+(``protocols.chat_transcript``).
+
 ``client_cpu_s`` is ``time.process_time()`` over the load phase: every thread of this
 process (event loop, and tokenizer workers in ``inflight`` mode), excluding setup
 (tokenizer load, trace parsing) and ``after``-mode tokenization. In a Ray actor it also
@@ -33,7 +38,7 @@ from .client import StreamingClient
 from .loaders import load_sessions
 from .loadgen import ClosedLoop, LoadGenerator, LoadResult, OpenLoop, Strategy
 from .records import RequestRecord
-from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload
+from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload
 from .text import TextFactory, load_tokenizer, timed_count, token_counter
 from .trace import Session
 
@@ -42,7 +47,7 @@ from .trace import Session
 DISPATCH_LAG_WARN_S = 0.002
 CLIENT_CPU_WARN_FRACTION = 0.8  # of the cores this process may run on
 
-AnyWorkload = AgenticWorkload | MooncakeWorkload | AzureWorkload
+AnyWorkload = AgenticWorkload | MooncakeWorkload | AzureWorkload | RecordedWorkload
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +65,8 @@ class WorkloadRun:
 
 
 def strategy_for(spec: AnyWorkload) -> Strategy:
-    """Agentic sessions run closed loop at ``concurrency``; traces replay open loop."""
-    if isinstance(spec, AgenticWorkload):
+    """Agentic and recorded sessions run closed loop at ``concurrency``; traces replay open loop."""
+    if isinstance(spec, AgenticWorkload | RecordedWorkload):
         return ClosedLoop(spec.concurrency)
     return OpenLoop(spec.max_in_flight)
 

@@ -99,6 +99,52 @@ class AzureWorkload(_WorkloadBase):
     max_context_tokens: int | None = Field(default=None, ge=64, description="Clip prompts to this many tokens.")
 
 
-WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload], Field(discriminator="kind")]
+class RecordedWorkload(_WorkloadBase):
+    """Replay of recorded agent sessions, real text included, through the chat endpoint.
 
-__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "TokenRange", "WorkloadSpec"]
+    Files are ``abench-session-jsonl-v1`` (agentic-bench: ``system_prompt`` and ``turns`` with
+    ``input_delta``, ``assistant_text`` and token counts) or plain chat JSONL (``messages``),
+    optionally zstd-compressed; see ``workloads.loaders.recorded``. No text is synthesised, so
+    there is no ``text_style``: the prompts tokenize exactly like the agent's real context.
+    """
+
+    kind: Literal["recorded"] = "recorded"
+    path: Path = Field(description="Session file (.jsonl or .jsonl.zst), relative to the sweep file.")
+    format: Literal["auto", "abench", "chat"] = Field(
+        default="auto", description="'abench' (abench-session-jsonl-v1), 'chat' ({'messages': [...]} per line), "
+                                    "or 'auto': detected from the file's first session.")
+    mode: Literal["trace", "live"] = Field(
+        default="trace",
+        description="'trace': later turns carry the recorded assistant_text in their history (prompts are "
+                    "exactly the recorded ones; the server's answer is discarded); 'live': they carry the "
+                    "server's own answer, like the agentic kind.")
+    max_sessions: int | None = Field(default=None, ge=1, description="Replay at most this many sessions (file order).")
+    concurrency: int = Field(default=1, ge=1, le=10_000, description="Sessions in flight at once (closed loop).")
+    session_rate_per_s: float | None = Field(
+        default=None, gt=0, description="Poisson arrival rate of new sessions; None starts them as slots free.")
+    gaps: Literal["keep", "scale", "drop"] = Field(
+        default="keep", description="Recorded tool/think gaps (pre_gap_ms) before each turn: kept as recorded, "
+                                    "multiplied by gap_scale, or dropped (0).")
+    gap_scale: float = Field(default=1.0, gt=0, le=1000, description="Multiplier of the gaps when gaps='scale'.")
+    max_context_tokens: int | None = Field(
+        default=None, ge=64, le=2_000_000,
+        description="A session ends before the first turn whose prompt would exceed this many tokens, by the "
+                    "recorded input_tokens where present, else by an estimate of 4 characters per token.")
+    output_tokens: Literal["recorded", "fixed"] = Field(
+        default="recorded", description="Tokens forced per answer (min_tokens, ignore_eos): each turn's recorded "
+                                        "output_tokens, or fixed_output_tokens for every turn.")
+    fixed_output_tokens: int = Field(default=128, ge=1, le=1_000_000,
+                                     description="Tokens per answer when output_tokens='fixed'.")
+
+    @model_validator(mode="after")
+    def _scale_only_when_scaling(self) -> "RecordedWorkload":
+        if self.gaps != "scale" and self.gap_scale != 1.0:
+            raise ValueError(f"gap_scale {self.gap_scale} has no effect unless gaps='scale' (gaps={self.gaps!r})")
+        return self
+
+
+WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload, RecordedWorkload],
+                         Field(discriminator="kind")]
+
+__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "TokenRange",
+           "WorkloadSpec"]

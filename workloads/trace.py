@@ -11,12 +11,25 @@ Terms, defined once:
 Text is kept as a *plan* of ``Block(hash_id, tokens)`` pieces, rendered by
 ``TextFactory.render`` just before sending: a 12k-line Mooncake trace of 10k-token prompts
 would otherwise hold gigabytes of strings, and equal hash ids must render identically anyway.
+
+Recorded sessions (``loaders.recorded``) carry real text instead: a *chat turn* has
+``messages`` (the chat messages appended before it, sent to ``/v1/chat/completions``) and no
+blocks. Its ``recorded_answer``, when set, is what the history holds after the turn (trace
+mode: the prompts are exactly the recorded ones); when None the server's answer goes in
+(live mode), as for agentic sessions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
+
+
+class Message(NamedTuple):
+    """One chat message, ``{"role": role, "content": content}`` on the wire."""
+
+    role: str
+    content: str
 
 
 class Block(NamedTuple):
@@ -35,13 +48,25 @@ class Turn:
     ignore_eos, so the answer has exactly this many tokens unless the request fails).
     ``think_s``: pause between the previous answer's end and this turn's schedule time
     (ignored for the first turn; ``Session.start_s`` schedules that one).
+
+    Chat turns only (``messages`` is not None; ``append`` is then empty):
+    ``messages``: chat messages appended to the history before this turn is sent.
+    ``recorded_answer``: the assistant text appended after it (None: the server's answer).
+    ``recorded_prompt_tokens``: the recording's prompt token count, to compare with the server's.
+    ``prompt_tokens_estimate``: the loader's prompt size, the fallback count (see ``planned_prompt_tokens``).
     """
 
     append: tuple[Block, ...]
     output_tokens: int
     think_s: float = 0.0
+    messages: tuple[Message, ...] | None = None
+    recorded_answer: str | None = None
+    recorded_prompt_tokens: int | None = None
+    prompt_tokens_estimate: int | None = None
 
     def __post_init__(self) -> None:
+        if self.messages is not None and self.append:
+            raise ValueError("a chat turn carries messages, not blocks")
         if self.output_tokens < 1:
             raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
         if self.think_s < 0:
@@ -50,6 +75,10 @@ class Turn:
     @property
     def append_tokens(self) -> int:
         return sum(b.tokens for b in self.append)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +98,26 @@ class Session:
             raise ValueError(f"session {self.session_id!r} has no turns")
         if self.start_s is not None and self.start_s < 0:
             raise ValueError(f"start_s must be >= 0, got {self.start_s}")
+        if len({t.is_chat for t in self.turns}) > 1:
+            raise ValueError(f"session {self.session_id!r} mixes chat turns and block turns")
+
+    @property
+    def is_chat(self) -> bool:
+        """True for a session of chat turns (sent to the chat endpoint)."""
+        return self.turns[0].is_chat
 
     def planned_prompt_tokens(self, turn: int) -> int:
         """Prompt tokens of ``turn`` by plan: all appends up to it plus earlier answers.
 
         Exact for our blocks; the real count can differ by a few tokens where an answer's
-        text merges with the text that follows it, and by special tokens (BOS).
+        text merges with the text that follows it, and by special tokens (BOS). A chat turn
+        returns the loader's ``prompt_tokens_estimate`` (recorded, or estimated from characters).
         """
+        estimate = self.turns[turn].prompt_tokens_estimate
+        if estimate is not None:
+            return estimate
         return sum(t.append_tokens for t in self.turns[: turn + 1]) + \
             sum(t.output_tokens for t in self.turns[:turn])
 
 
-__all__ = ["Block", "Session", "Turn"]
+__all__ = ["Block", "Message", "Session", "Turn"]

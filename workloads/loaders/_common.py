@@ -21,6 +21,12 @@ class TraceError(ValueError):
         self.problem = problem
         super().__init__(f"{self.path.name}:{line}: {problem}")
 
+    def __reduce__(self) -> tuple[type["TraceError"], tuple[Path, int, str]]:
+        # Ray pickles a task's exception to return it. The default reduction replays
+        # ``self.args`` (the one formatted message) into ``__init__``, which takes three
+        # arguments, so unpickling failed and the caller saw a different error.
+        return type(self), (self.path, self.line, self.problem)
+
 
 def is_int(value: object) -> bool:
     """True for a real int (JSON ``true`` parses as bool, a subclass of int, and is rejected)."""
