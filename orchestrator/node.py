@@ -9,17 +9,23 @@ Files produced on the node travel back as bytes, so the driver needs no shared d
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, verify_self
+from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist, verify_self
+from orchestrator.hostfacts import host_facts
 from orchestrator.models import build_shape
 from orchestrator.plan import TrialSpec
 from orchestrator.replica import ReplicaError, VllmReplica, free_port
@@ -47,7 +53,8 @@ class NodeCoreAgent:
             a = self.allocator.allocate_trial(trial_id, replica_cores, client_cores, isolation, prefer)
         except CannotFit as exc:
             return {"error": str(exc)}
-        return {"replica": sorted(a.replica), "client": sorted(a.client), "client_isolated": a.client_isolated}
+        return {"replica": sorted(a.replica), "client": sorted(a.client), "client_isolated": a.client_isolated,
+                "host": dict(host_facts(a.replica, a.client, gpu_ids, self.topology))}
 
     def release(self, trial_id: str) -> None:
         self.allocator.release(trial_id)
@@ -61,6 +68,35 @@ def core_agent(node_id: str) -> Any:
         name=f"cores-{node_id}", get_if_exists=True, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote()
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Pin this process and every thread it has now to ``cpus`` (threads started later inherit it).
+    Ray starts its own threads before any actor method runs, so the process mask alone is not enough."""
+    os.sched_setaffinity(0, cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def reset_prefix_cache(base_url: str, attempts: int = 20, wait_s: float = 0.25) -> bool:
+    """POST /reset_prefix_cache until vLLM says it worked. vLLM refuses while blocks are still held
+    (a request finishing, a KV transfer), answering ``{"success": false}``; older releases answer a bare 200."""
+    for _ in range(attempts):
+        req = urllib.request.Request(base_url + "/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = resp.read()
+            ok = resp.status == 200
+        try:
+            ok = ok and bool(json.loads(body).get("success", True))
+        except (ValueError, AttributeError):
+            pass  # not JSON: the status is all there is
+        if ok:
+            return True
+        time.sleep(wait_s)
+    return False
 
 
 def _gpu_name() -> str:
@@ -110,10 +146,6 @@ class ReplicaActor:
     def start(self, cores: list[int]) -> dict[str, Any]:
         """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
         model_dir = self.model_dir()
-        if self.trial.start == "repin":
-            # A shared replica's prefix cache must be emptied between trials; vLLM only exposes
-            # /reset_prefix_cache in dev mode.
-            os.environ["VLLM_SERVER_DEV_MODE"] = "1"
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
                               self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
@@ -140,11 +172,9 @@ class ReplicaActor:
             seconds = self.replica.repin(frozenset(cores))
         except ReplicaError as exc:
             return {"error_kind": exc.kind.value, "message": str(exc)}
-        req = urllib.request.Request(self.replica.base_url + "/reset_prefix_cache", method="POST")
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            reset = resp.status == 200
+        # The prefix cache is emptied by begin_window, as for every window of a repin group.
         return {"base_url": self.replica.base_url, "tokenizer_path": self.tokenizer_path, "repin_s": seconds,
-                "params": {**self.replica.params(), "repinned": True, "prefix_cache_reset": reset}}
+                "params": {**self.replica.params(), "repinned": True}}
 
     def files(self) -> dict[str, bytes]:
         """The node-side files so far (the replica keeps running)."""
@@ -155,12 +185,32 @@ class ReplicaActor:
         assert self.replica is not None
         return self.replica.verify().as_dict()
 
-    def begin_window(self, client_cpus: list[int]) -> None:
+    def reset_prefix_cache(self) -> bool:
         assert self.replica is not None
+        return reset_prefix_cache(self.replica.base_url)
+
+    def begin_window(self, client_cpus: list[int], gpu_ids: list[int]) -> dict[str, Any]:
+        """Set the window's start state (the protocol), take the before-scrape, start sampling.
+
+        This actor moves onto the client's cores first, so its sampling threads never run on the
+        cores under test (Ray placed it anywhere on the node).
+        """
+        assert self.replica is not None
+        pin_process(client_cpus)
+        t = self.trial
+        facts: dict[str, Any] = {"telemetry_cpus": format_cpulist(client_cpus)}
+        if t.protocol.reset_prefix_cache or t.start == "repin":
+            facts["prefix_cache_reset"] = self.reset_prefix_cache()
+        else:
+            facts["prefix_cache_reset"] = "off"
         self.before = scrape(self.replica.base_url)
+        tel = t.telemetry
         self.sampler = TelemetrySampler(replica_cpus=sorted(self.replica.cores), client_cpus=client_cpus,
-                                        metrics_url=self.replica.base_url)
+                                        metrics_url=self.replica.base_url if tel.metrics_hz > 0 else None,
+                                        hz=tel.host_hz, metrics_hz=tel.metrics_hz or 1.0,
+                                        gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0)
         self.sampler.start()
+        return facts
 
     def end_window(self) -> dict[str, Any]:
         assert self.replica is not None
@@ -171,7 +221,8 @@ class ReplicaActor:
         except OSError:  # the server died or stopped answering: the trial fails as SERVER_DIED, not here
             after, alive = None, False
         server = delta(self.before, after) if self.before is not None and after is not None else {}
-        return {"server": server, "rows": rows, "alive": alive}
+        block = self.before.block_size() if self.before is not None else None
+        return {"server": server, "rows": rows, "alive": alive, "block_size": block or self.trial.server.block_size}
 
     def stop(self) -> dict[str, bytes]:
         """Stop everything this actor started and return the node-side artifacts as bytes."""
@@ -188,14 +239,33 @@ class ReplicaActor:
 class WorkloadActor:
     """Replays one workload from cores disjoint from the replica's (verified on every thread)."""
 
+    def __init__(self) -> None:
+        self.cpus: frozenset[int] = frozenset()
+
     def pin(self, cpus: list[int]) -> dict[str, Any]:
-        os.sched_setaffinity(0, cpus)
-        for tid in os.listdir("/proc/self/task"):  # Ray's threads exist already; pin each
-            try:
-                os.sched_setaffinity(int(tid), cpus)
-            except OSError:
-                pass
-        return verify_self(frozenset(cpus)).as_dict()
+        pin_process(cpus)
+        self.cpus = frozenset(cpus)
+        return self.verify()
+
+    def verify(self) -> dict[str, Any]:
+        """Every thread of this process, against the client's cores (at the window's start and end)."""
+        return verify_self(self.cpus).as_dict()
+
+    def bare(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
+             timeout_s: float) -> dict[str, Any]:
+        """Replay the workload with the bare client (workloads.bare) in a plain child process on this
+        actor's cores: no actor and no telemetry in the request path. Returns its per-request rows."""
+        with tempfile.TemporaryDirectory(prefix="bare-") as tmp:
+            spec_path, out_path = Path(tmp) / "workload.json", Path(tmp) / "bare.jsonl"
+            spec_path.write_text(workload_json)
+            cmd = [sys.executable, "-m", "workloads.bare", "--base-url", base_url, "--model", model,
+                   "--tokenizer", tokenizer_path, "--workload-json", str(spec_path), "--out", str(out_path),
+                   "--cpus", ",".join(str(c) for c in sorted(self.cpus))]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            if proc.returncode != 0:
+                return {"error": f"bare client exited with {proc.returncode}: {proc.stderr.strip()[-800:]}"}
+            rows = [json.loads(line) for line in out_path.read_text().splitlines() if line.strip()]
+        return {"rows": [r for r in rows if "request_id" in r]}
 
     def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str) -> Any:
         from pydantic import TypeAdapter

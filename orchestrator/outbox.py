@@ -106,6 +106,9 @@ def trial_params(trial: TrialSpec, learnt: Mapping[str, str]) -> dict[str, str]:
         "client_isolation": trial.client.isolation,
         "workload_kind": trial.workload.kind,
     })
+    for section in ("protocol", "telemetry"):  # how the window started and what was sampled in it
+        for k, v in getattr(trial, section).model_dump(mode="json").items():
+            p[f"{section}_{k}"] = v
     for k, v in trial.workload.model_dump(mode="json", exclude={"name", "kind"}).items():
         p[f"workload_{k}"] = f"{v['min']}-{v['max']}" if isinstance(v, dict) and set(v) == {"min", "max"} else v
     out = {safe_key(k): _param_value(v) for k, v in p.items()}

@@ -10,12 +10,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from orchestrator.spec import ClientSpec, ModelSpec, Restriction, ServerSpec, StartMode, SweepSpec, VllmVariant
+from orchestrator.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, StartMode, SweepSpec,
+                               TelemetrySpec, VllmVariant)
 from workloads.spec import WorkloadSpec
+
+
+IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn"}}
 
 
 class TrialSpec(BaseModel):
@@ -35,6 +40,9 @@ class TrialSpec(BaseModel):
     server: ServerSpec
     client: ClientSpec
     repeat: int = Field(ge=0)
+    api_servers: int = Field(default=1, ge=1, description="vLLM --api-server-count.")
+    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -51,8 +59,12 @@ class TrialSpec(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def trial_id(self) -> str:
-        """sha256 of the canonical JSON of every defining field, first 12 hex digits."""
-        return trial_hash(self.model_dump(mode="json", exclude={"trial_id"}))
+        """sha256 of the canonical JSON of every defining field, first 12 hex digits.
+
+        The sweep-level parts of the protocol (trial order, its seed, the report's spread threshold)
+        do not change what a trial measures, so they are not part of its identity: reordering a
+        sweep resumes it."""
+        return trial_hash(self.model_dump(mode="json", exclude=IDENTITY_EXCLUDE))
 
     @property
     def tensor_parallel(self) -> int:
@@ -68,7 +80,9 @@ class TrialSpec(BaseModel):
             "restriction": self.restriction,
             "start": self.start,
             "vllm_variant": self.vllm.name,
+            "api_servers": self.api_servers,
             "workload": self.workload.name,
+            "text_style": getattr(self.workload, "text_style", "recorded"),
             "repeat": self.repeat,
         }
 
@@ -93,25 +107,40 @@ class SweepPlan(BaseModel):
 def expand(spec: SweepSpec) -> SweepPlan:
     """Cross every axis into trials (pure, deterministic).
 
-    The order is model → hardware → gpus → vllm variant → workload → start → restriction → repeat → cores,
-    so consecutive trials differ only in cores: that is the order in which a `repin` replica or a warm
-    compile cache is reused. ``grid.calibrate`` adds the start mode the grid lacks for those core counts.
+    The order is model → hardware → gpus → vllm variant → api servers → workload → start → restriction →
+    repeat → cores, so consecutive trials differ only in cores: that is the order in which a `repin` replica
+    or a warm compile cache is reused, and repeats are interleaved (one repeat of every core count before
+    the next repeat), never all of one configuration in a row. ``protocol.order: shuffled`` then permutes
+    the fresh-start trials with a seeded RNG (see :func:`shuffled`). ``grid.calibrate`` adds the start mode
+    the grid lacks for those core counts.
     """
     g = spec.grid
     starts = list(g.start)
     if g.calibrate:
         starts += [m for m in ("fresh", "repin") if m not in starts]
     trials = []
-    for model, hw, gpus, variant, workload, start, restriction, repeat in itertools.product(
-        spec.models, g.hardware, g.gpus, g.vllm, spec.workloads, starts, g.restriction, range(spec.repeats),
+    for model, hw, gpus, variant, api_servers, workload, start, restriction, repeat in itertools.product(
+        spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, spec.workloads, starts, g.restriction,
+        range(spec.repeats),
     ):
         for cores in _cores_for(start, g.start, g.cores, g.calibrate):
             trials.append(TrialSpec(
                 sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
                 start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
-                repeat=repeat,
+                repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry,
             ))
+    if spec.protocol.order == "shuffled":
+        trials = shuffled(trials, spec.protocol.seed)
     return SweepPlan(spec=spec, trials=tuple(trials))
+
+
+def shuffled(trials: list[TrialSpec], seed: int) -> list[TrialSpec]:
+    """A seeded random order of the fresh-start trials; each repin group (one live replica re-pinned
+    down its core counts) stays in place and in order, since its trials share one server."""
+    fresh = [t for t in trials if t.start != "repin"]
+    random.Random(seed).shuffle(fresh)
+    it = iter(fresh)
+    return [next(it) if t.start != "repin" else t for t in trials]
 
 
 def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calibrate: tuple[int, ...]) -> list[int]:
@@ -130,4 +159,4 @@ def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calib
     return sorted(wanted, reverse=(start == "repin"))
 
 
-__all__ = ["SweepPlan", "TrialSpec", "expand", "trial_hash"]
+__all__ = ["SweepPlan", "TrialSpec", "expand", "shuffled", "trial_hash"]

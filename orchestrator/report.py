@@ -1,6 +1,7 @@
 """Paper-style tables from trial results (pure), and their rendering.
 
-- TTFT against cores, per group of trials that differ only in cores.
+- TTFT against cores, per configuration (trials that differ only in cores), its repeats
+  aggregated: the median of their figures, and their spread, flagged above 10%.
 - Speedup: TTFT p50 at the group's fewest cores divided by TTFT p50 here
   (the paper reports 1.47-7.11x between starved and adequate cores).
 - Knee: the fewest cores whose TTFT p50 is within ``tolerance`` of the group's best.
@@ -12,12 +13,19 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-GROUP = ["model", "hardware", "gpus", "vllm_variant", "workload", "restriction", "start", "repeat"]
-COLUMNS = ["trial_id", *GROUP, "cores", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
-           "ttft_p99_s", "e2e_p50_s", "speedup_p50", "knee",
-           # CPU attribution and utilisation, for the CSV (the printed table shows the columns above)
-           "timeout_rate", "prefix_hit_rate", "server_ttft_s_mean", "server_frontend_s_mean",
-           "replica_cpu_util_mean", "client_cpu_util_mean", "gpu0_util_mean", "request_throughput_rps"]
+# A configuration: the factors other than cores and the repeat index. Repeats are aggregated.
+CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "workload", "text_style", "restriction", "start"]
+GROUP = [*CONFIG, "repeat"]  # one trial's identity apart from cores (the raw frames keep the repeat)
+SPREAD_WARN = 0.10
+COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
+           "ttft_p99_s", "e2e_p50_s", "p50_spread", "spread_flag", "speedup_p50", "knee",
+           # CPU attribution, utilisation and fidelity, for the CSV (means over repeats)
+           "timeout_rate", "prefix_hit_rate", "ideal_prefix_hit_rate", "server_ttft_s_mean", "server_frontend_s_mean",
+           "replica_cpu_util_mean", "client_cpu_util_mean", "gpu0_util_mean", "request_throughput_rps",
+           "client_tokenize_ms_per_1k", "crosscheck_ttft_p50_ratio", "crosscheck_ttft_p90_ratio"]
+_MEDIANS = ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"]
+_SUMS = ["requests", "timeouts"]
+_MEANS = COLUMNS[COLUMNS.index("timeout_rate"):]
 
 
 def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame:
@@ -43,25 +51,63 @@ def runs_frame(runs: Iterable[Any]) -> pd.DataFrame:
         row = {"trial_id": tags["trial_id"], **{k: p.get(k) for k in GROUP}, "cores": int(p.get("cores", 0)),
                "status": "COMPLETED" if r.info.status == "FINISHED" else "FAILED",
                "error_kind": tags.get("error_kind", ""), **r.data.metrics}
-        for k in ("gpus", "repeat"):
+        row["api_servers"] = row.get("api_servers") or "1"  # runs from before the axis existed
+        for k in ("gpus", "repeat", "api_servers"):
             row[k] = int(row[k]) if row.get(k) is not None else None
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def comparison(df: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
-    """Add ``speedup_p50`` and ``knee`` per group of trials that differ only in cores."""
+def aggregate(df: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> pd.DataFrame:
+    """One row per configuration and core count, over its repeats (pure).
+
+    - TTFT/E2E percentiles: the median over the repeats' completed trials of each trial's figure.
+    - ``p50_spread = (max - min) / median`` of the repeats' TTFT p50 (0 with one repeat);
+      ``spread_flag`` is ``"!"`` where it exceeds ``spread_warn``: those repeats disagree, so the
+      configuration's figure is not a measurement yet.
+    - requests and timeouts: sums; the other figures: means. ``status``: COMPLETED when every
+      repeat completed, FAILED when none did, else ``"<ok>/<n> ok"``.
+    """
     if df.empty:
-        return df.reindex(columns=COLUMNS)
+        return df.reindex(columns=[c for c in COLUMNS if c not in ("speedup_p50", "knee")])
     df = df.copy()
     for col in COLUMNS:
-        if col not in df and col not in ("speedup_p50", "knee"):
+        if col not in df and col not in ("repeats", "trials", "p50_spread", "spread_flag", "speedup_p50", "knee"):
             df[col] = float("nan")
+    rows = []
+    for key, g in df.groupby([*CONFIG, "cores"], dropna=False, sort=True):
+        ok = g[g["status"] == "COMPLETED"]
+        row: dict[str, Any] = dict(zip([*CONFIG, "cores"], key))
+        row["repeats"] = len(g)
+        row["trials"] = ",".join(g["trial_id"].astype(str))
+        row["status"] = ("COMPLETED" if len(ok) == len(g) else "FAILED" if ok.empty else f"{len(ok)}/{len(g)} ok")
+        for c in _SUMS:
+            row[c] = g[c].sum(min_count=1)
+        for c in _MEDIANS:
+            row[c] = ok[c].median()
+        for c in _MEANS:
+            row[c] = ok[c].mean()
+        p50 = ok["ttft_p50_s"].dropna()
+        row["p50_spread"] = (p50.max() - p50.min()) / p50.median() if len(p50) and p50.median() > 0 else float("nan")
+        row["spread_flag"] = "!" if row["p50_spread"] > spread_warn else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comparison(df: pd.DataFrame, tolerance: float = 0.10, spread_warn: float = SPREAD_WARN) -> pd.DataFrame:
+    """:func:`aggregate`, plus ``speedup_p50`` and ``knee`` per configuration (trials that differ only in cores).
+
+    Speedup: TTFT p50 at the configuration's fewest cores / TTFT p50 here. Knee: the fewest cores whose
+    TTFT p50 is within ``tolerance`` of the configuration's best.
+    """
+    df = aggregate(df, spread_warn)
+    if df.empty:
+        return df.reindex(columns=COLUMNS)
     df["speedup_p50"] = float("nan")
     df["knee"] = ""
-    for _, idx in df.groupby([c for c in GROUP if c in df], dropna=False).groups.items():
+    for _, idx in df.groupby(CONFIG, dropna=False).groups.items():
         g = df.loc[idx].sort_values("cores")
-        ok = g[(g["status"] == "COMPLETED") & g["ttft_p50_s"].notna()]
+        ok = g[g["ttft_p50_s"].notna()]
         if ok.empty:
             continue
         base = ok.iloc[0]["ttft_p50_s"]
@@ -69,7 +115,16 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
         best = ok["ttft_p50_s"].min()
         knee_cores = ok[ok["ttft_p50_s"] <= best * (1 + tolerance)]["cores"].min()
         df.loc[g.index, "knee"] = (g["cores"] == knee_cores).map({True: "<- knee", False: ""})
-    return df.sort_values([c for c in [*GROUP, "cores"] if c in df]).reindex(columns=COLUMNS)
+    return df.sort_values([*CONFIG, "cores"]).reindex(columns=COLUMNS)
+
+
+def spread_warnings(table: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> list[str]:
+    """One line per configuration whose repeats disagree by more than ``spread_warn`` at TTFT p50."""
+    out = []
+    for _, r in table[table["spread_flag"] == "!"].iterrows():
+        out.append(f"{r['model']} {r['workload']} cores={r['cores']}: {int(r['repeats'])} repeats disagree by "
+                   f"{r['p50_spread']:.0%} at TTFT p50 (more than {spread_warn:.0%}); trials {r['trials']}")
+    return out
 
 
 def calibration(df: pd.DataFrame) -> pd.DataFrame:
@@ -112,21 +167,26 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    cols = ["trial_id", "model", "workload", "gpus", "cores", "status", "requests", "timeouts",
-            "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "E2E p50 ms", "speedup", "knee"]
+    cols = ["model", "workload", "text", "gpus", "api", "cores", "reps", "status", "requests", "timeouts",
+            "TTFT p50 ms", "spread", "TTFT p90 ms", "TTFT p99 ms", "E2E p50 ms", "speedup", "knee"]
     for c in cols:
-        table.add_column(c, justify="right" if c not in ("trial_id", "model", "workload", "status") else "left")
+        table.add_column(c, justify="right" if c not in ("model", "workload", "text", "status") else "left")
 
     def ms(v: Any) -> str:
         return "-" if pd.isna(v) else f"{1000 * v:.1f}"
 
+    def count(v: Any) -> str:
+        return "-" if pd.isna(v) else f"{int(v)}"
+
     for _, r in df.iterrows():
-        table.add_row(r["trial_id"], str(r["model"]), str(r["workload"]), str(r["gpus"]), str(r["cores"]),
-                      r["status"], "-" if pd.isna(r["requests"]) else f"{int(r['requests'])}",
-                      "-" if pd.isna(r["timeouts"]) else f"{int(r['timeouts'])}",
-                      ms(r["ttft_p50_s"]), ms(r["ttft_p90_s"]), ms(r["ttft_p99_s"]), ms(r["e2e_p50_s"]),
+        spread = "-" if pd.isna(r["p50_spread"]) or r["repeats"] < 2 else f"{r['p50_spread']:.0%}{r['spread_flag']}"
+        table.add_row(str(r["model"]), str(r["workload"]), str(r["text_style"]), str(r["gpus"]),
+                      str(r["api_servers"]), str(r["cores"]), count(r["repeats"]), r["status"],
+                      count(r["requests"]), count(r["timeouts"]), ms(r["ttft_p50_s"]), spread, ms(r["ttft_p90_s"]),
+                      ms(r["ttft_p99_s"]), ms(r["e2e_p50_s"]),
                       "-" if pd.isna(r["speedup_p50"]) else f"{r['speedup_p50']:.2f}x", r["knee"])
     return table
 
 
-__all__ = ["calibration", "comparison", "costs", "render", "results_frame", "runs_frame"]
+__all__ = ["CONFIG", "GROUP", "aggregate", "calibration", "comparison", "costs", "render", "results_frame", "runs_frame",
+           "spread_warnings"]

@@ -12,17 +12,22 @@ from rich.console import Console
 
 from orchestrator.controller import SweepController
 from orchestrator.plan import SweepPlan, TrialSpec, expand
-from orchestrator.report import calibration, comparison, render, results_frame
+from orchestrator.report import calibration, comparison, render, results_frame, spread_warnings
 from orchestrator.results import TrialResult
 from orchestrator.spec import SweepSpec
 from orchestrator.trial import Trial, TrialState
 
 
-def print_tables(console: Console, frame, sweep_name: str):
-    """Print the comparison (and the fresh-vs-repin calibration, when the sweep has both); return the table."""
-    table = comparison(frame)
+def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 0.10):
+    """Print the comparison (and the fresh-vs-repin calibration, when the sweep has both); return the table.
+
+    Repeats are aggregated; a configuration whose repeats disagree by more than ``spread_warn`` at
+    TTFT p50 is flagged in the table ("!") and named below it."""
+    table = comparison(frame, spread_warn=spread_warn)
     if len(table):
         console.print(render(table, title=f"{sweep_name}: TTFT against cores"))
+        for line in spread_warnings(table, spread_warn):
+            console.print(f"  warning: {line}")
     calib = calibration(frame)
     if len(calib):
         console.print("fresh vs re-pinned at the same cores (ratio = repin / fresh):")
@@ -88,7 +93,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         frame = _tracked_frame(ml.uri, plan)
     if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
         frame = results_frame(plan.trials, results)
-    table = print_tables(console, frame, spec.name)
+    table = print_tables(console, frame, spec.name, spec.protocol.spread_warn)
     csv = home / "reports" / f"{spec.name}.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)

@@ -85,6 +85,50 @@ Restriction = Literal["cpuset", "affinity", "quota"]
 StartMode = Literal["fresh", "repin"]
 
 
+class ProtocolSpec(_Strict):
+    """How every measurement window starts and in what order trials run: the controlled protocol.
+
+    Why: windows run one after another on one server leave the replayed prefixes cached, so a
+    later window serves a different mix; on one H200 that moved TTFT p50 between 144 and 418 ms
+    at the same cores, as much as the cores did. With the prefix cache reset before each window,
+    repeats agreed within 4% (DESIGN.md).
+    """
+
+    reset_prefix_cache: bool = Field(
+        default=True,
+        description="POST /reset_prefix_cache before every window (vLLM serves it with VLLM_SERVER_DEV_MODE=1, "
+                    "which the replica then gets), so each window starts with an empty prefix cache.")
+    warmup_s: float = Field(
+        default=0.0, ge=0, le=3600,
+        description="Unmeasured warm-up before the window: the same workload with another seed for this many "
+                    "seconds, then the prefix-cache reset. 0 = none (the window starts right after start-up).")
+    order: Literal["interleaved", "shuffled"] = Field(
+        default="interleaved",
+        description="Trial order. interleaved: repeat-major, so one repeat of every core count runs before the next "
+                    "repeat; shuffled: a seeded random order of the fresh-start trials (repin groups stay together). "
+                    "Never all repeats of one configuration in a row.")
+    seed: int = Field(default=0, ge=0, description="Seed of the shuffled order.")
+    crosscheck: bool = Field(
+        default=False,
+        description="After the window, reset the prefix cache again and replay the same workload with the bare "
+                    "client (workloads.bare: one plain process, no Ray actor in the request path, no telemetry); "
+                    "record the harness/bare TTFT ratios.")
+    spread_warn: float = Field(default=0.10, gt=0, le=10,
+                               description="Reports flag a configuration whose repeats' TTFT p50 spread "
+                                           "((max - min) / median) exceeds this.")
+
+
+class TelemetrySpec(_Strict):
+    """What is sampled during a window, and how often. Each costs something; benchmarks/overhead_bench.py measures it."""
+
+    host_hz: float = Field(default=10.0, ge=0, le=100,
+                           description="Per-core CPU utilisation (psutil) samples per second; 0 = off.")
+    metrics_hz: float = Field(default=1.0, ge=0, le=100,
+                              description="Scrapes of vLLM's /metrics gauges per second (the API server's event loop "
+                                          "serves each one); 0 = off. The before/after scrape is always taken.")
+    gpu: bool = Field(default=True, description="GPU utilisation and memory through NVML, with the host samples.")
+
+
 class Grid(_Strict):
     """The factors crossed into trials. Every list is one axis of the grid."""
 
@@ -99,12 +143,16 @@ class Grid(_Strict):
                                          description="fresh = restart pinned; repin = re-pin a live replica.")
     vllm: tuple[VllmVariant, ...] = Field(default=(VllmVariant(name="default"),), min_length=1,
                                           description="Named vLLM flag variants.")
+    api_servers: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(
+        default=(1,), min_length=1,
+        description="vLLM --api-server-count values. API servers tokenize and handle HTTP; they run inside the "
+                    "replica's cores, so a sweep shows whether more cores or more API servers remove a frontend queue.")
     calibrate: tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
         default=(),
         description="Core counts to run both fresh and re-pinned (a replica started on the most cores, "
         "then re-pinned live), to measure what repin mode costs in fidelity.")
 
-    @field_validator("cores", "gpus", "hardware", "restriction", "start")
+    @field_validator("cores", "gpus", "hardware", "restriction", "start", "api_servers")
     @classmethod
     def _unique(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
         if len(set(v)) != len(v):
@@ -132,6 +180,8 @@ class SweepSpec(_Strict):
     grid: Grid = Field(description="The remaining factors.")
     server: ServerSpec = Field(default_factory=ServerSpec, description="Settings shared by all replicas.")
     client: ClientSpec = Field(default_factory=ClientSpec, description="Workload client placement.")
+    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec, description="How each window starts; trial order.")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Sampling during the window.")
     repeats: int = Field(default=1, ge=1, le=100, description="Repeats of each combination.")
     max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure.")
 
@@ -209,5 +259,6 @@ def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
     return spec.model_copy(update={"workloads": tuple(workloads)})
 
 
-__all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ServerSpec", "ShapeModel", "SpecError",
+__all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ProtocolSpec", "ServerSpec", "ShapeModel", "SpecError",
+           "TelemetrySpec",
            "SweepSpec", "VllmVariant", "load_spec", "parse_spec"]

@@ -1,12 +1,77 @@
-"""Pure merge of one trial's raw outcome into flat, MLflow-safe summary metrics."""
+"""Pure merge of one trial's raw outcome into flat, MLflow-safe summary metrics.
+
+Besides the client's latency figures and the server's /metrics deltas, a trial records what
+makes its numbers trustworthy or not:
+
+- ``client_tokenize_ms_per_1k``: what the prompt text it sent costs to tokenize, per 1k tokens,
+  on one client core (from the records' after-window tokenization). The text's cost per token
+  decides whether vLLM's single tokenizer thread queues (DESIGN.md), so two trials with
+  different text are only comparable knowing this.
+- ``window_first_cached_tokens``: cached tokens of the window's first request; 0 shows that the
+  window started from an empty prefix cache, as the protocol says.
+- the ideal prefix-cache hit rates of what was sent (``workloads.cachesim``), beside the
+  measured one, so a replay that reuses less than its trace allows is visible.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
 
 
-def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def tokenize_cost_ms_per_1k(records: Sequence[Any]) -> float | None:
+    """``sum(tokenize_ns) / 1e6 / (sum(client_prompt_tokens) / 1000)`` over records tokenized on the client."""
+    timed = [r for r in records if r.tokenize_ns > 0 and r.client_prompt_tokens > 0]
+    tokens = sum(r.client_prompt_tokens for r in timed)
+    if not tokens:
+        return None
+    return sum(r.tokenize_ns for r in timed) / 1e6 / (tokens / 1000)
+
+
+def first_cached_tokens(records: Sequence[Any]) -> float | None:
+    """Cached tokens the server reported for the first request sent in the window (None if unreported)."""
+    if not records:
+        return None
+    first = min(records, key=lambda r: r.sent_ns)
+    return None if first.cached_tokens is None else float(first.cached_tokens)
+
+
+def sessions_of(trial: Any) -> list[Any] | None:
+    """The trial's sessions as its loader builds them (deterministic), for replay-fidelity figures."""
+    from workloads.loaders import load_sessions
+
+    try:
+        return load_sessions(trial.workload)
+    except Exception as exc:  # noqa: BLE001 (figures about the run must never fail the run)
+        log.warning("cannot rebuild the sessions of trial %s: %s", trial.trial_id, exc)
+        return None
+
+
+def replay_metrics(sessions: Sequence[Any] | None, records: Sequence[Any], block_size: int | None,
+                   measured_hit_rate: float | None) -> dict[str, float]:
+    """Ideal hit rates of what was sent, and the gaps to the measured rate (``workloads.cachesim``)."""
+    if not sessions or not block_size:
+        return {}
+    from workloads.cachesim import ideal_metrics
+
+    return dict(ideal_metrics(sessions, records, block_size=block_size, measured_hit_rate=measured_hit_rate))
+
+
+def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The harness's TTFT against the bare client's on the same workload and start state (``crosscheck_*``)."""
+    from workloads.bare import crosscheck_ratio
+    from workloads.metrics import ttft_s
+
+    bare = [float(r["ttft_s"]) for r in bare_rows if r.get("status") == "ok" and r.get("ttft_s") is not None]
+    return {f"crosscheck_{k}": float(v) for k, v in crosscheck_ratio(ttft_s(records), bare).items()
+            if v is not None}
+
+
+def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]],
+                    sessions: Sequence[Any] | None = None, block_size: int | None = None) -> dict[str, float]:
     """Workload metrics (from the request records) + server /metrics deltas + telemetry means.
 
     ``run`` is a ``workloads.WorkloadRun``; NaN and None values are dropped, since
@@ -15,13 +80,18 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     from orchestrator.telemetry import summarize_series
     from workloads.metrics import summarize
 
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     out.update(summarize(run.records))
     out.update(server)
     out.update(summarize_series(list(rows)))
     out["client_cpu_s"] = float(run.client_cpu_s)
     out["window_s"] = float(run.wall_s)
+    out["client_tokenize_ms_per_1k"] = tokenize_cost_ms_per_1k(run.records)
+    out["window_first_cached_tokens"] = first_cached_tokens(run.records)
+    measured = out.get("prefix_hit_rate")
+    out.update(replay_metrics(sessions, run.records, block_size, measured))
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["summarize_trial"]
+__all__ = ["crosscheck_metrics", "first_cached_tokens", "replay_metrics", "sessions_of", "summarize_trial",
+           "tokenize_cost_ms_per_1k"]

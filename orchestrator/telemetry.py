@@ -74,6 +74,14 @@ class MetricsSnapshot:
     values: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)
     taken_at: float = 0.0
+    info: dict[str, dict[str, str]] = field(default_factory=dict)  # labels of ``*_info`` gauges
+
+    def block_size(self) -> int | None:
+        """The KV-cache block size the server runs with (``vllm:cache_config_info``), or None."""
+        try:
+            return int(self.info["vllm:cache_config_info"]["block_size"])
+        except (KeyError, ValueError):
+            return None
 
     def first(self, names: Iterable[str]) -> float | None:
         """Value of the first name present (metric names differ across vLLM versions)."""
@@ -96,16 +104,19 @@ def parse_metrics(text: str, taken_at: float | None = None) -> MetricsSnapshot:
     """Parse Prometheus text exposition into a :class:`MetricsSnapshot` (``_created`` samples dropped)."""
     values: dict[str, float] = defaultdict(float)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    info: dict[str, dict[str, str]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue
+            if s.name.endswith("_info"):
+                info.setdefault(s.name, dict(s.labels))
             if s.name.endswith("_bucket") and "le" in s.labels:
                 buckets[s.name[: -len("_bucket")]][float(s.labels["le"])] += s.value
             else:
                 values[s.name] += s.value
     return MetricsSnapshot(values=dict(values), buckets={k: dict(v) for k, v in buckets.items()},
-                           taken_at=time.monotonic() if taken_at is None else taken_at)
+                           taken_at=time.monotonic() if taken_at is None else taken_at, info=info)
 
 
 class HttpSession(Protocol):
@@ -294,7 +305,7 @@ class TelemetrySampler:
     ``replica_cpu_util`` / ``client_cpu_util`` (mean percent over the set), ``cpu<N>_util``
     per core of either set, ``gpu<N>_util`` (percent) and ``gpu<N>_mem_gib``, and
     ``server_num_requests_running`` / ``_waiting`` / ``server_kv_cache_usage_perc``.
-    CPU and GPU are sampled at ``hz``; ``/metrics`` at ``metrics_hz`` in its own thread so a
+    CPU and GPU are sampled at ``hz`` (0 = not at all); ``/metrics`` at ``metrics_hz`` in its own thread so a
     slow scrape of a starved server never delays the CPU samples. Collaborators (clock, CPU
     reader, scraper, GPU reader) are injectable for tests.
     """
@@ -313,12 +324,12 @@ class TelemetrySampler:
         cpu_percent: Callable[[], list[float]] | None = None,
         scraper: Callable[[str], MetricsSnapshot] = scrape,
     ) -> None:
-        if hz <= 0 or metrics_hz <= 0:
-            raise ValueError("sampling rates must be positive")
+        if hz < 0 or metrics_hz <= 0:
+            raise ValueError("sampling rates must be >= 0 (host; 0 = off) and > 0 (metrics; no URL = off)")
         self.replica_cpus = tuple(sorted(set(replica_cpus)))
         self.client_cpus = tuple(sorted(set(client_cpus)))
         self.metrics_url = metrics_url
-        self.period = 1.0 / hz
+        self.period = 1.0 / hz if hz > 0 else 0.0
         self.metrics_period = 1.0 / metrics_hz
         self._gpu_arg = gpu_reader
         self._gpu_indices = gpu_indices
@@ -344,8 +355,10 @@ class TelemetrySampler:
         self._cpu_percent()  # start the first CPU interval now, not at construction
         self._t0 = self._clock()
         self._stop.clear()
-        self._threads = [threading.Thread(target=self._loop, args=(self._sample_host, self.period),
-                                          name="telemetry-host", daemon=True)]
+        self._threads = []
+        if self.period > 0:
+            self._threads.append(threading.Thread(target=self._loop, args=(self._sample_host, self.period),
+                                                  name="telemetry-host", daemon=True))
         if self.metrics_url:
             self._threads.append(threading.Thread(target=self._loop, args=(self._sample_server, self.metrics_period),
                                                   name="telemetry-metrics", daemon=True))

@@ -3,29 +3,41 @@
 import pytest
 
 from orchestrator.plan import TrialSpec
-from orchestrator.replica import (MULTICAST_OFF_ENV, build_vllm_command, scratch_paths, server_env)
+from orchestrator.replica import (MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths,
+                                  server_env)
 from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 
-def trial(gpus: int = 0, args: tuple[str, ...] = (), env: dict[str, str] | None = None, **server: object) -> TrialSpec:
+def trial(gpus: int = 0, args: tuple[str, ...] = (), env: dict[str, str] | None = None, api_servers: int = 1,
+          **server: object) -> TrialSpec:
     return TrialSpec(sweep="s", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=gpus, cores=2,
                      restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=args, env=env or {}),
                      workload=AgenticWorkload(name="w", sessions=1, turns=1), server=ServerSpec(**server),
-                     client=ClientSpec(), repeat=0)
+                     client=ClientSpec(), repeat=0, api_servers=api_servers)
 
 
 def test_cpu_command() -> None:
     t = trial(block_size=32, max_model_len=2048)
     cmd = build_vllm_command(t, "/m", 8123, "/py")
-    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:5] == ["/py", "-c", VLLM_SERVE_SHIM, "serve", "/m"]
     joined = " ".join(cmd)
-    for part in ("--model /m", "--served-model-name tiny", "--host 127.0.0.1", "--port 8123",
+    for part in ("--served-model-name tiny", "--host 127.0.0.1", "--port 8123",
                  "--load-format dummy", "--max-model-len 2048", "--block-size 32", "--enable-prefix-caching",
                  "--enable-prompt-tokens-details"):
         assert part in joined
     assert "--tensor-parallel-size" not in cmd and "--compilation-config" not in cmd
     assert build_vllm_command(t, "/m", 8123, "/py") == cmd  # deterministic
+
+
+def test_api_server_count_only_when_asked() -> None:
+    assert "--api-server-count" not in build_vllm_command(trial(), "/m", 1, "/py")
+    cmd = build_vllm_command(trial(api_servers=3), "/m", 1, "/py")
+    assert cmd[cmd.index("--api-server-count") + 1] == "3"
+
+
+def test_dev_mode_serves_the_prefix_cache_reset() -> None:
+    assert server_env(trial(), frozenset({0}), "/s")["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 def test_optional_flags() -> None:

@@ -70,3 +70,42 @@ def test_costs_of_cores_against_gpus():
     assert math.isclose(out.loc["b", "core_share"], 0.4 / 4.4)
     assert math.isclose(out.loc["b", "usd_per_1k_requests"], 4.4 / (8.0 * 3600) * 1000)
     assert out.loc["b", "usd_per_1k_requests"] < out.loc["a", "usd_per_1k_requests"]
+
+
+def test_repeats_are_aggregated_with_their_spread_flagged():
+    from orchestrator.report import spread_warnings
+
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 4]}, "repeats": 3,
+    }))
+    # cores=1 repeats agree within 4%; cores=4 repeats disagree by 50%.
+    ttft = {(1, 0): 1.00, (1, 1): 1.02, (1, 2): 0.98, (4, 0): 0.40, (4, 1): 0.60, (4, 2): 0.50}
+    results = [TrialResult(t.trial_id, TrialStatus.COMPLETED,
+                           metrics={"ttft_p50_s": ttft[(t.cores, t.repeat)], "requests": 10, "timeouts": 1})
+               for t in p.trials]
+    df = comparison(results_frame(p.trials, results)).set_index("cores")
+    assert len(df) == 2 and list(df["repeats"]) == [3, 3]
+    assert math.isclose(df.loc[1, "ttft_p50_s"], 1.00) and math.isclose(df.loc[4, "ttft_p50_s"], 0.50)
+    assert math.isclose(df.loc[1, "p50_spread"], 0.04) and df.loc[1, "spread_flag"] == ""
+    assert math.isclose(df.loc[4, "p50_spread"], 0.40) and df.loc[4, "spread_flag"] == "!"
+    assert df.loc[4, "requests"] == 30 and df.loc[4, "timeouts"] == 3
+    assert math.isclose(df.loc[4, "speedup_p50"], 2.0)
+    warned = spread_warnings(df.reset_index())
+    assert len(warned) == 1 and "cores=4" in warned[0] and "40%" in warned[0]
+
+
+def test_interleaved_and_shuffled_orders_never_run_one_configuration_in_a_row():
+    spec = {
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2, 4, 12]}, "repeats": 3,
+    }
+    interleaved = expand(parse_spec(spec)).trials
+    assert [t.cores for t in interleaved[:4]] == [1, 2, 4, 12] and [t.repeat for t in interleaved[:4]] == [0] * 4
+    shuffled = expand(parse_spec({**spec, "protocol": {"order": "shuffled", "seed": 3}})).trials
+    assert sorted(t.trial_id for t in shuffled) == sorted(t.trial_id for t in interleaved)
+    assert [t.trial_id for t in shuffled] != [t.trial_id for t in interleaved]
+    again = expand(parse_spec({**spec, "protocol": {"order": "shuffled", "seed": 3}})).trials
+    assert [t.trial_id for t in again] == [t.trial_id for t in shuffled]  # seeded: the same order every time
