@@ -108,7 +108,7 @@ class RecordedWorkload(_WorkloadBase):
     there is no ``text_style``: the prompts tokenize exactly like the agent's real context.
     """
 
-    kind: Literal["recorded"] = "recorded"
+    kind: Literal["recorded"] = Field(default="recorded", description="Selects this workload kind.")
     path: Path = Field(description="Session file (.jsonl or .jsonl.zst), relative to the sweep file.")
     format: Literal["auto", "abench", "chat"] = Field(
         default="auto", description="'abench' (abench-session-jsonl-v1), 'chat' ({'messages': [...]} per line), "

@@ -34,7 +34,6 @@ recorded text.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import random
@@ -49,6 +48,7 @@ from ._common import TraceError, is_int, open_trace
 
 CHARS_PER_TOKEN = 4.0
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,28 +65,56 @@ def estimate_tokens(chars: int) -> int:
     return max(1, math.ceil(chars / CHARS_PER_TOKEN))
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open("rb") as raw:
-        compressed = raw.read(4) == _ZSTD_MAGIC
-        raw.seek(0)
-        if compressed:
-            import zstandard  # only needed for compressed files
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The file's bytes in chunks, decompressed if it starts with the zstd magic bytes.
 
-            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        else:
-            stream = raw
-        text = io.TextIOWrapper(stream, encoding="utf-8")  # type: ignore[arg-type]
-        line_no = 0
+    A decompression object per frame (files may hold several, e.g. joined with ``cat``), so
+    a truncated last frame is detected: zstandard's stream reader ends such a file silently.
+    """
+    with path.open("rb") as fh:
+        head = fh.read(4)
+        fh.seek(0)
+        if head != _ZSTD_MAGIC:
+            while chunk := fh.read(_CHUNK):
+                yield chunk
+            return
+        import zstandard  # only needed for compressed files
+
+        dctx = zstandard.ZstdDecompressor()
+        dobj, pending = dctx.decompressobj(), b""
         try:
-            for line_no, line in enumerate(text, start=1):
-                if line.strip():
-                    yield line_no, line
-        except UnicodeDecodeError:
-            raise TraceError(path, line_no + 1, "not UTF-8 text") from None
-        except Exception as exc:  # zstandard.ZstdError: a corrupt or truncated frame
-            if compressed and type(exc).__name__ == "ZstdError":
-                raise TraceError(path, line_no + 1, f"zstd: {exc}") from None
-            raise
+            while data := pending or fh.read(_CHUNK):
+                pending = b""
+                yield dobj.decompress(data)
+                if dobj.eof:  # a frame ended: the rest (if any) starts the next frame
+                    pending, dobj = dobj.unused_data, dctx.decompressobj()
+                    if not pending and not (pending := fh.read(_CHUNK)):
+                        return
+        except zstandard.ZstdError as exc:
+            raise TraceError(path, 0, f"zstd: {exc}") from None
+        raise TraceError(path, 0, "zstd: the file ends inside a frame (truncated)")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Non-blank lines with their 1-based numbers (of the decompressed text)."""
+    line_no, buf = 0, b""
+    for chunk in _chunks(path):
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            line_no += 1
+            if text := _decode(path, line_no, raw):
+                yield line_no, text
+    if buf and (text := _decode(path, line_no + 1, buf)):
+        yield line_no + 1, text
+
+
+def _decode(path: Path, line: int, raw: bytes) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(path, line, "not UTF-8 text") from None
+    return text if text.strip() else ""
 
 
 def _messages(path: Path, line: int, value: object, where: str) -> tuple[Message, ...]:

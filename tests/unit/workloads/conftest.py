@@ -1,5 +1,6 @@
 """Fixtures for the workloads unit tests: a real Qwen3 tokenizer, a virtual clock, a fake
-backend, and a tiny in-process SSE completions server on 127.0.0.1 (random port).
+backend, and a tiny in-process SSE server on 127.0.0.1 (random port) for completions and
+chat completions.
 
 Helpers live here (not in an importable module) because tests/unit/workloads has no
 __init__.py on purpose: a package named ``workloads`` there would shadow the real one.
@@ -157,7 +158,8 @@ class FakeBackend:
                 scheduled_ns=req.scheduled_ns, sent_ns=sent, first_token_ns=tokens[0] if tokens else None,
                 token_ns=tuple(tokens), end_ns=end, prompt_tokens=req.planned_prompt_tokens,
                 completion_tokens=len(tokens), cached_tokens=0, client_prompt_tokens=req.planned_prompt_tokens,
-                tokenize_ns=0, status=status, error=None if status == "ok" else status)
+                tokenize_ns=0, status=status, error=None if status == "ok" else status,
+                recorded_prompt_tokens=req.recorded_prompt_tokens)
             return record, answer
         finally:
             self.in_flight -= 1
@@ -224,6 +226,37 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    """Chat twin of ``_completions`` (``mode`` "ok" only): a role-only first chunk, then text in
+    ``choices[].delta.content``. Prompt tokens: words of every message's content, plus 3 per
+    message for the template, so tests can tell the server's count from the client's."""
+    behaviour = request.app[BEHAVIOUR]
+    body = await request.json()
+    behaviour.seen.append(body)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+    prompt_tokens = sum(len(m["content"].split()) + 3 for m in body["messages"])
+    first: dict = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    if continuous:
+        first["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0}
+    await resp.write(b"data: " + json.dumps(first).encode() + b"\n\n")
+    n, k, done = body["max_tokens"], behaviour.tokens_per_chunk, 0
+    while done < n:
+        step = min(k, n - done)
+        done += step
+        chunk: dict = {"choices": [{"index": 0, "delta": {"content": " ans" * step}, "finish_reason": None}]}
+        if continuous:
+            chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
+    if behaviour.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
+    await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
 class ServerThread:
     """The test server in its own thread and event loop, so sync and async tests can use it."""
 
@@ -241,6 +274,7 @@ class ServerThread:
             app = web.Application()
             app[BEHAVIOUR] = self.behaviour
             app.router.add_post("/v1/completions", _completions)
+            app.router.add_post("/v1/chat/completions", _chat_completions)
             self._runner = web.AppRunner(app, shutdown_timeout=0.1)
             self._loop.run_until_complete(self._runner.setup())
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
