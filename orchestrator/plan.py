@@ -107,10 +107,11 @@ class SweepPlan(BaseModel):
 def expand(spec: SweepSpec) -> SweepPlan:
     """Cross every axis into trials (pure, deterministic).
 
-    The order is model → hardware → gpus → vllm variant → api servers → workload → start → restriction →
+    The order is model → hardware → gpus → vllm variant → api servers → start → restriction → workload →
     repeat → cores, so consecutive trials differ only in cores: that is the order in which a `repin` replica
     or a warm compile cache is reused, and repeats are interleaved (one repeat of every core count before
-    the next repeat), never all of one configuration in a row. ``protocol.order: shuffled`` then permutes
+    the next repeat), never all of one configuration in a row. With ``protocol.share_start`` the fresh
+    trials go cores → repeat → workload instead, so the windows that share one start are consecutive. ``protocol.order: shuffled`` then permutes
     the fresh-start trials with a seeded RNG (see :func:`shuffled`). ``grid.calibrate`` adds the start mode
     the grid lacks for those core counts.
     """
@@ -119,16 +120,25 @@ def expand(spec: SweepSpec) -> SweepPlan:
     if g.calibrate:
         starts += [m for m in ("fresh", "repin") if m not in starts]
     trials = []
-    for model, hw, gpus, variant, api_servers, workload, start, restriction, repeat in itertools.product(
-        spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, spec.workloads, starts, g.restriction,
-        range(spec.repeats),
+
+    def trial(model, hw, gpus, variant, api_servers, workload, start, restriction, repeat, cores) -> TrialSpec:
+        return TrialSpec(
+            sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
+            start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
+            repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry)
+
+    for model, hw, gpus, variant, api_servers, start, restriction in itertools.product(
+        spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, starts, g.restriction,
     ):
-        for cores in _cores_for(start, g.start, g.cores, g.calibrate):
-            trials.append(TrialSpec(
-                sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
-                start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
-                repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry,
-            ))
+        base = (model, hw, gpus, variant, api_servers)
+        core_counts = _cores_for(start, g.start, g.cores, g.calibrate)
+        if spec.protocol.share_start and start == "fresh":
+            # One start per core count serves its windows: repeat-major, workloads alternating.
+            for cores, repeat, workload in itertools.product(core_counts, range(spec.repeats), spec.workloads):
+                trials.append(trial(*base, workload, start, restriction, repeat, cores))
+        else:
+            for workload, repeat, cores in itertools.product(spec.workloads, range(spec.repeats), core_counts):
+                trials.append(trial(*base, workload, start, restriction, repeat, cores))
     if spec.protocol.order == "shuffled":
         trials = shuffled(trials, spec.protocol.seed)
     return SweepPlan(spec=spec, trials=tuple(trials))

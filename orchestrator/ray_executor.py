@@ -10,6 +10,10 @@ Two start modes:
 - ``repin``: consecutive trials that differ only in cores share one live
   replica, re-pinned between trials (and its prefix cache reset). Fast; its
   thread pools keep their startup size, so reports flag it.
+- ``fresh`` with ``protocol.share_start``: consecutive trials that differ only
+  in workload or repeat are windows of one start pinned to their cores, each
+  from the prefix-cache reset (the protocol's start state); the warm-up runs
+  once per start.
 
 Every failure becomes data (``TrialResult.failed``); actor and node loss map to
 the retryable ``NODE_DIED``. Capacity is released in exactly one place:
@@ -34,7 +38,7 @@ from orchestrator.cores import format_cpulist
 from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.plan import SweepPlan, TrialSpec, trial_hash
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.summary import crosscheck_metrics, sessions_of, summarize_trial
+from orchestrator.summary import crosscheck_metrics, replay_fidelity_of, sessions_of, summarize_trial
 
 
 class TrialFailure(Exception):
@@ -56,6 +60,12 @@ def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
 def replica_key(trial: TrialSpec) -> str:
     """Trials with the same key can share one live replica: they differ only in cores or repeat."""
     return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "cores", "repeat"}))
+
+
+def start_key(trial: TrialSpec) -> str:
+    """Trials with the same key can be windows of one start (``protocol.share_start``): they differ only
+    in workload or repeat, so the same server pinned to the same cores serves them all."""
+    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "workload", "repeat"}))
 
 
 def _fits_somewhere(bundle: dict[str, float]) -> str | None:
@@ -85,6 +95,10 @@ class _Lease:
     started: bool = False
     owners: list[str] = field(default_factory=list)  # core-agent allocations to release
     closed: bool = False
+    start_key: str = ""
+    alloc: dict[str, Any] = field(default_factory=dict)  # the cores a shared start keeps for its windows
+    up: dict[str, Any] = field(default_factory=dict)  # what the start returned (URL, tokenizer, params)
+    windows: int = 0  # windows measured on this start so far
 
     def release_cores(self) -> None:
         for owner in self.owners:
@@ -136,8 +150,10 @@ class RayTrialExecutor:
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
         repin = trial.start == "repin"
+        share = trial.protocol.share_start and trial.start == "fresh"
         key = replica_key(trial)
-        if self._warm is not None and (not repin or self._warm.key != key):
+        warm = self._warm
+        if warm is not None and not ((repin and warm.key == key) or (share and warm.start_key == start_key(trial))):
             self.close()
         lease: _Lease | None = self._warm
         facts: dict[str, Any] = {}
@@ -159,7 +175,7 @@ class RayTrialExecutor:
             return self._failed(trial, tdir, ErrorKind.INTERNAL, _last_line(str(exc.cause or exc)), facts, started)
         finally:
             if lease is not None:
-                if repin and ok:
+                if (repin or share) and ok:
                     self._warm, self._warm_dir = lease, tdir
                     _write_files(tdir, ray.get(lease.replica.files.remote()))
                 else:
@@ -191,7 +207,7 @@ class RayTrialExecutor:
         replica = ReplicaActor.options(
             scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
         ).remote(trial.model_dump_json(), node_dir)
-        lease = _Lease(key, pg, strategy, replica, None, {})
+        lease = _Lease(key, pg, strategy, replica, None, {}, start_key=start_key(trial))
         try:
             lease.facts = ray.get(replica.node_facts.remote())
             lease.agent = core_agent(lease.facts["node_id"])
@@ -214,6 +230,7 @@ class RayTrialExecutor:
     def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> dict[str, Any]:
         """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
         fresh = not lease.started
+        lease.windows = 0
         up = ray.get((lease.replica.start if fresh else lease.replica.repin).remote(cores))
         if "error_kind" in up:
             raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
@@ -221,7 +238,8 @@ class RayTrialExecutor:
         return {**up, "params": {**up["params"], "repinned": False}} if fresh else up
 
     def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
-        alloc = self._allocate(trial, lease)
+        shared = trial.start == "fresh" and lease.started  # a later window of a shared start
+        alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         params: dict[str, Any] = {**lease.facts, **alloc["host"], "replica_cpus": alloc["replica"],
                                   "client_cpus": alloc["client"], "client_isolated": alloc["client_isolated"],
@@ -230,8 +248,13 @@ class RayTrialExecutor:
         if not alloc["client_isolated"]:
             warnings.append(f"client shares cores with the replica (node too small): client {alloc['client']}, "
                             f"replica {alloc['replica']}")
-        up = self._bring_up(trial, lease, alloc["replica"])
+        up = lease.up if shared else self._bring_up(trial, lease, alloc["replica"])
+        lease.alloc, lease.up = alloc, up
+        lease.windows += 1
         params.update(up["params"])
+        params["window_on_start"] = lease.windows  # 1 = the first window after this start (or re-pin)
+        if shared:
+            params["start_shared_with"] = lease.owners[0]
         if params.get("repinned"):
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
         checks = {"replica_start": ray.get(lease.replica.verify.remote())}
@@ -241,7 +264,7 @@ class RayTrialExecutor:
         try:
             checks["client"] = ray.get(workload.pin.remote(alloc["client"]))
             proto = trial.protocol
-            if proto.warmup_s > 0:  # unmeasured: same load shape, other seed; its prefixes are reset below
+            if proto.warmup_s > 0 and not shared:  # unmeasured: same load shape, other seed; reset below
                 warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
                                                          "client_tokenize": "off"})
                 ray.get(workload.run.remote(warm.model_dump_json(), up["base_url"], trial.model.name,
@@ -251,7 +274,7 @@ class RayTrialExecutor:
             run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"]))
             window = ray.get(lease.replica.end_window.remote())
             checks["client_end"] = ray.get(workload.verify.remote())
-            if proto.crosscheck and window["alive"]:
+            if proto.crosschecks(trial.cores) and window["alive"]:
                 # Same start state as the window: an empty prefix cache on the same warm server.
                 if ray.get(lease.replica.reset_prefix_cache.remote()):
                     bare = ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
@@ -266,7 +289,12 @@ class RayTrialExecutor:
         warnings.extend(run.warnings)
         if params.get("prefix_cache_reset") is False:
             warnings.append("the prefix cache could not be reset before the window: it did not start empty")
-        metrics = summarize_trial(run, window["server"], window["rows"], sessions_of(trial), window.get("block_size"))
+        metrics = summarize_trial(run, window["server"], window["rows"])
+        fidelity = replay_fidelity_of(sessions_of(trial), run.records, window.get("block_size"),
+                                      metrics.get("prefix_hit_rate"))
+        if fidelity is not None:
+            metrics.update(fidelity.metrics)
+            params["replay_fidelity"] = fidelity.diagnosis
         if "repin_s" in up:
             metrics["repin_s"] = up["repin_s"]
         if bare is not None:

@@ -108,11 +108,19 @@ class ProtocolSpec(_Strict):
                     "repeat; shuffled: a seeded random order of the fresh-start trials (repin groups stay together). "
                     "Never all repeats of one configuration in a row.")
     seed: int = Field(default=0, ge=0, description="Seed of the shuffled order.")
-    crosscheck: bool = Field(
+    share_start: bool = Field(
+        default=False,
+        description="Trials that differ only in workload or repeat run as consecutive windows on one replica "
+                    "start (fresh, pinned to their cores), each from the prefix-cache reset, instead of a restart "
+                    "per trial. Repeats then share a start and alternate with the other workloads.")
+    crosscheck: bool | tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
         default=False,
         description="After the window, reset the prefix cache again and replay the same workload with the bare "
                     "client (workloads.bare: one plain process, no Ray actor in the request path, no telemetry); "
-                    "record the harness/bare TTFT ratios.")
+                    "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts.")
+
+    def crosschecks(self, cores: int) -> bool:
+        return self.crosscheck is True or (isinstance(self.crosscheck, tuple) and cores in self.crosscheck)
     spread_warn: float = Field(default=0.10, gt=0, le=10,
                                description="Reports flag a configuration whose repeats' TTFT p50 spread "
                                            "((max - min) / median) exceeds this.")

@@ -50,14 +50,33 @@ def sessions_of(trial: Any) -> list[Any] | None:
         return None
 
 
-def replay_metrics(sessions: Sequence[Any] | None, records: Sequence[Any], block_size: int | None,
-                   measured_hit_rate: float | None) -> dict[str, float]:
-    """Ideal hit rates of what was sent, and the gaps to the measured rate (``workloads.cachesim``)."""
-    if not sessions or not block_size:
-        return {}
-    from workloads.cachesim import ideal_metrics
+def special_tokens(sessions: Sequence[Any], records: Sequence[Any]) -> int:
+    """Tokens the server adds to every prompt (a BOS), measured: the median over first turns of the
+    server's prompt tokens minus the plan's. A first turn is all plan, so nothing else differs."""
+    planned = {f"{s.session_id}:0": s.planned_prompt_tokens(0) for s in sessions}
+    extra = sorted(r.prompt_tokens - planned[r.request_id] for r in records
+                   if r.status == "ok" and r.request_id in planned)
+    return max(0, extra[len(extra) // 2]) if extra else 0
 
-    return dict(ideal_metrics(sessions, records, block_size=block_size, measured_hit_rate=measured_hit_rate))
+
+def replay_fidelity_of(sessions: Sequence[Any] | None, records: Sequence[Any], block_size: int | None,
+                       measured_hit_rate: float | None) -> Any:
+    """Ideal prefix-cache hit rates of what was sent, and the gaps to the measured one
+    (``workloads.cachesim.ReplayFidelity``), or None where the plan cannot be rebuilt."""
+    if not sessions or not block_size:
+        return None
+    from workloads import cachesim
+
+    try:
+        plan = cachesim.segments_for(sessions, records, bos_tokens=special_tokens(sessions, records))
+    except Exception as exc:  # noqa: BLE001 (figures about the run must never fail the run)
+        log.warning("cannot rebuild what was sent: %s", exc)
+        return None
+    requests = cachesim.known_requests(plan)
+    if not requests:
+        return None
+    return cachesim.replay_fidelity(measured_hit_rate, cachesim.ideal_unbounded_hit_rate(requests, block_size),
+                                    cachesim.ideal_after_prefill_hit_rate(requests, block_size))
 
 
 def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -70,8 +89,7 @@ def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, 
             if v is not None}
 
 
-def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]],
-                    sessions: Sequence[Any] | None = None, block_size: int | None = None) -> dict[str, float]:
+def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Workload metrics (from the request records) + server /metrics deltas + telemetry means.
 
     ``run`` is a ``workloads.WorkloadRun``; NaN and None values are dropped, since
@@ -88,10 +106,9 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     out["window_s"] = float(run.wall_s)
     out["client_tokenize_ms_per_1k"] = tokenize_cost_ms_per_1k(run.records)
     out["window_first_cached_tokens"] = first_cached_tokens(run.records)
-    measured = out.get("prefix_hit_rate")
-    out.update(replay_metrics(sessions, run.records, block_size, measured))
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["crosscheck_metrics", "first_cached_tokens", "replay_metrics", "sessions_of", "summarize_trial",
+__all__ = ["crosscheck_metrics", "first_cached_tokens", "replay_fidelity_of", "sessions_of", "special_tokens",
+           "summarize_trial",
            "tokenize_cost_ms_per_1k"]

@@ -109,3 +109,19 @@ def test_interleaved_and_shuffled_orders_never_run_one_configuration_in_a_row():
     assert [t.trial_id for t in shuffled] != [t.trial_id for t in interleaved]
     again = expand(parse_spec({**spec, "protocol": {"order": "shuffled", "seed": 3}})).trials
     assert [t.trial_id for t in again] == [t.trial_id for t in shuffled]  # seeded: the same order every time
+
+
+def test_shared_start_groups_the_windows_of_one_core_count():
+    from orchestrator.ray_executor import start_key
+
+    spec = {
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "a", "kind": "agentic", "sessions": 1, "turns": 1},
+                      {"name": "u", "kind": "agentic", "sessions": 1, "turns": 1, "text_style": "uniform"}],
+        "grid": {"cores": [1, 12]}, "repeats": 2, "protocol": {"share_start": True, "crosscheck": [12]},
+    }
+    trials = expand(parse_spec(spec)).trials
+    assert [(t.cores, t.repeat, t.workload.name) for t in trials] == [
+        (1, 0, "a"), (1, 0, "u"), (1, 1, "a"), (1, 1, "u"), (12, 0, "a"), (12, 0, "u"), (12, 1, "a"), (12, 1, "u")]
+    assert len({start_key(t) for t in trials[:4]}) == 1 and start_key(trials[0]) != start_key(trials[4])
+    assert [t.protocol.crosschecks(t.cores) for t in trials] == [False] * 4 + [True] * 4
