@@ -24,11 +24,13 @@ from typing import Any
 
 import ray
 
+from orchestrator.accounting import CoreAccounting
 from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist, verify_self
 from orchestrator.hostfacts import host_facts
 from orchestrator.models import build_shape
 from orchestrator.plan import TrialSpec
 from orchestrator.replica import ReplicaError, VllmReplica, free_port
+from orchestrator.restrict import tree_pids
 from orchestrator.telemetry import TelemetrySampler, delta, scrape
 
 
@@ -126,6 +128,7 @@ class ReplicaActor:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.replica: VllmReplica | None = None
         self.sampler: TelemetrySampler | None = None
+        self.accounting: CoreAccounting | None = None
         self.before: Any = None
         self.tokenizer_path = ""
         self._lock = threading.Lock()
@@ -210,10 +213,13 @@ class ReplicaActor:
                                         hz=tel.host_hz, metrics_hz=tel.metrics_hz or 1.0,
                                         gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0)
         self.sampler.start()
+        root = self.replica.pid
+        self.accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
         return facts
 
     def end_window(self) -> dict[str, Any]:
         assert self.replica is not None
+        accounting = self.accounting.stop() if self.accounting else {}
         rows = self.sampler.stop() if self.sampler else []
         alive = self.replica.alive()
         try:
@@ -222,7 +228,8 @@ class ReplicaActor:
             after, alive = None, False
         server = delta(self.before, after) if self.before is not None and after is not None else {}
         block = self.before.block_size() if self.before is not None else None
-        return {"server": server, "rows": rows, "alive": alive, "block_size": block or self.trial.server.block_size}
+        return {"server": server, "rows": rows, "alive": alive, "block_size": block or self.trial.server.block_size,
+                "accounting": accounting}
 
     def stop(self) -> dict[str, bytes]:
         """Stop everything this actor started and return the node-side artifacts as bytes."""
