@@ -1,0 +1,379 @@
+"""What each measurement feature costs in TTFT, against a run with none of them, on a tiny vLLM-CPU replica.
+
+The product's defaults together must cost under 2% of TTFT p50. This starts one vLLM-CPU replica of
+the ``tiny-llama`` shape restricted (affinity) to one core, with ``VLLM_SERVER_DEV_MODE=1`` so that
+``POST /reset_prefix_cache`` is served, and replays the same small agentic workload through
+``workloads.run_workload_sync`` in this process, pinned to another core, under each configuration:
+
+- ``baseline``: no sampler, ``client_tokenize="off"``;
+- ``metrics-1hz`` / ``metrics-10hz``: only the sampler's ``/metrics`` scrape thread samples (its host
+  thread is given a period far longer than the window, so it never samples; no NVML);
+- ``host-10hz``: only psutil per-core CPU sampling (no ``metrics_url``, no NVML);
+- ``nvml-10hz``: only NVML reads (CPU reader stubbed out); skipped, with a note, where there is no GPU;
+- ``tokenize-inflight`` / ``tokenize-after``: client-side tokenization, no sampler;
+- ``defaults``: what a trial runs (``orchestrator.node``): ``TelemetrySampler(replica_cpus, client_cpus,
+  metrics_url)`` with its defaults (hz=10, metrics_hz=1, NVML where present), the before/after
+  ``/metrics`` scrapes, and ``client_tokenize="after"``.
+
+Every window starts from ``POST /reset_prefix_cache``, after one unmeasured warm-up window. The
+configurations are interleaved over repeats (all of them, then all again), never one's repeats in a
+row. The sampler runs in this process, so on the client's core. The table gives TTFT p50 and p90
+(median over repeats, and the spread max-min over median), and the delta of p50 against baseline with
+the baseline's own spread beside it: a delta inside that spread is noise, not a cost.
+
+    python benchmarks/overhead_bench.py --repeats 3 --window 25 --csv overhead.csv
+    python benchmarks/overhead_bench.py --base-url http://127.0.0.1:8000 --model tiny   # a running server
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.models import build_shape  # noqa: E402
+from orchestrator.plan import TrialSpec  # noqa: E402
+from orchestrator.replica import ReplicaError, VllmReplica, free_port, vllm_version  # noqa: E402
+from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.telemetry import TelemetrySampler, open_gpu_reader, scrape  # noqa: E402
+from workloads import metrics, run_workload_sync  # noqa: E402
+from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
+
+NEVER_HZ = 1e-4  # a sampler thread with this rate waits 10^4 s for its first sample: it never samples
+
+
+class BenchError(RuntimeError):
+    """A failure the benchmark reports in one clear line (dead server, no prefix-cache reset, ...)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    client_tokenize: str
+    sampler: Callable[[str, list[int], list[int]], TelemetrySampler] | None = None
+    scrape_around: bool = False  # the before/after /metrics scrapes of a trial
+    note: str = ""
+
+
+def _no_cpu() -> list[float]:
+    return []
+
+
+def configs(has_gpu: bool) -> tuple[list[Config], list[str]]:
+    """The configurations to run, and notes on those skipped."""
+    out = [
+        Config("baseline", "off"),
+        Config("metrics-1hz", "off", lambda url, rc, cc: TelemetrySampler(
+            replica_cpus=rc, client_cpus=cc, metrics_url=url, hz=NEVER_HZ, metrics_hz=1.0, gpu_reader=False)),
+        Config("metrics-10hz", "off", lambda url, rc, cc: TelemetrySampler(
+            replica_cpus=rc, client_cpus=cc, metrics_url=url, hz=NEVER_HZ, metrics_hz=10.0, gpu_reader=False)),
+        Config("host-10hz", "off", lambda url, rc, cc: TelemetrySampler(
+            replica_cpus=rc, client_cpus=cc, metrics_url=None, hz=10.0, gpu_reader=False)),
+    ]
+    notes = []
+    if has_gpu:
+        out.append(Config("nvml-10hz", "off", lambda url, rc, cc: TelemetrySampler(
+            replica_cpus=rc, client_cpus=cc, metrics_url=None, hz=10.0, gpu_reader=True, cpu_percent=_no_cpu)))
+    else:
+        notes.append("nvml-10hz skipped: no NVML or no GPU on this machine")
+    out += [
+        Config("tokenize-inflight", "inflight"),
+        Config("tokenize-after", "after"),
+        Config("defaults", "after", lambda url, rc, cc: TelemetrySampler(
+            replica_cpus=rc, client_cpus=cc, metrics_url=url), scrape_around=True,
+            note="hz=10, metrics_hz=1, NVML if present, tokenize after"),
+    ]
+    return out, notes
+
+
+def make_trial(core_count: int, max_model_len: int) -> TrialSpec:
+    return TrialSpec(sweep="overhead-bench", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu",
+                     gpus=0, cores=core_count, restriction="affinity", start="fresh",
+                     vllm=VllmVariant(name="dev", env={"VLLM_SERVER_DEV_MODE": "1"}),
+                     workload=AgenticWorkload(name="w", sessions=1, turns=1),
+                     server=ServerSpec(block_size=32, max_model_len=max_model_len, startup_timeout_s=900),
+                     client=ClientSpec(), repeat=0)
+
+
+def reset_prefix_cache(base_url: str, log_hint: str = "") -> None:
+    """POST /reset_prefix_cache, or a BenchError that says why it could not be done."""
+    req = urllib.request.Request(base_url.rstrip("/") + "/reset_prefix_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 (loopback URL we were given)
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise BenchError(f"{base_url} does not serve POST /reset_prefix_cache (HTTP 404): start vLLM with "
+                             "VLLM_SERVER_DEV_MODE=1") from None
+        raise BenchError(f"POST {base_url}/reset_prefix_cache answered HTTP {exc.code}{log_hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BenchError(f"no vLLM server answers at {base_url} ({reason}){log_hint}") from None
+
+
+def module_command(cmd: list[str], model_dir: str) -> list[str]:
+    """``cmd`` with its launcher (everything up to the model folder) replaced by the api_server module."""
+    if "--model" in cmd:
+        rest = cmd[cmd.index("--model") + 2:]
+    elif model_dir in cmd:
+        rest = cmd[cmd.index(model_dir) + 1:]
+    else:
+        raise BenchError(f"cannot find the model folder in the vLLM command {cmd[:6]}")
+    return [cmd[0], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *rest]
+
+
+def pin_self(cpus: frozenset[int]) -> None:
+    os.sched_setaffinity(0, cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
+
+
+def one_window(cfg: Config, spec: AgenticWorkload, *, base_url: str, model: str, tokenizer: str,
+               replica_cpus: list[int], client_cpus: list[int], alive: Callable[[], bool],
+               log_hint: Callable[[], str]) -> dict[str, Any]:
+    reset_prefix_cache(base_url, log_hint())
+    w = spec.model_copy(update={"client_tokenize": cfg.client_tokenize})
+    sampler = cfg.sampler(base_url, replica_cpus, client_cpus) if cfg.sampler else None
+    if cfg.scrape_around:
+        scrape(base_url)
+    if sampler is not None:
+        sampler.start()
+    try:
+        run = run_workload_sync(w, base_url=base_url, model=model, tokenizer_path=tokenizer)
+    finally:
+        rows = sampler.stop() if sampler is not None else []
+    if cfg.scrape_around:
+        scrape(base_url)
+    ttft = metrics.ttft_s(run.records)
+    bad = [r for r in run.records if r.status != "ok"]
+    if not alive():
+        raise BenchError(f"the vLLM server died during a {cfg.name} window{log_hint()}")
+    if not ttft:
+        first = f"; first: {bad[0].status} {bad[0].error}" if bad else ""
+        raise BenchError(f"no request of the {cfg.name} window got a first token ({len(run.records)} sent{first})"
+                         f"{log_hint()}")
+    return {"config": cfg.name, "n": len(ttft), "failed": len(bad), "p50": metrics.percentile(ttft, 50),
+            "p90": metrics.percentile(ttft, 90), "samples": len(rows),
+            "sampler_errors": sum(sampler.errors.values()) if sampler is not None else 0,
+            "client_cpu_s": run.client_cpu_s, "wall_s": run.wall_s, "warnings": list(run.warnings)}
+
+
+def spread(xs: list[float]) -> float:
+    """(max - min) / median, as a fraction."""
+    med = statistics.median(xs)
+    return (max(xs) - min(xs)) / med if med else float("nan")
+
+
+def summarize(cfgs: list[Config], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for w in windows:
+        by.setdefault(w["config"], []).append(w)
+    base = by.get("baseline")
+    base_p50 = statistics.median(w["p50"] for w in base) if base else None
+    base_spread = spread([w["p50"] for w in base]) if base else None
+    rows = []
+    for cfg in cfgs:
+        ws = by.get(cfg.name)
+        if not ws:
+            continue
+        p50s, p90s = [w["p50"] for w in ws], [w["p90"] for w in ws]
+        p50 = statistics.median(p50s)
+        rows.append({
+            "config": cfg.name, "repeats": len(ws), "requests_per_window": statistics.median(w["n"] for w in ws),
+            "failed": sum(w["failed"] for w in ws),
+            "ttft_p50_ms": p50 * 1e3, "ttft_p50_spread_pct": spread(p50s) * 100,
+            "ttft_p90_ms": statistics.median(p90s) * 1e3, "ttft_p90_spread_pct": spread(p90s) * 100,
+            "delta_p50_pct": (p50 / base_p50 - 1) * 100 if base_p50 else float("nan"),
+            "baseline_p50_spread_pct": base_spread * 100 if base_spread is not None else float("nan"),
+            "samples_per_window": statistics.median(w["samples"] for w in ws),
+            "sampler_errors": sum(w["sampler_errors"] for w in ws),
+            "client_cpu_pct": statistics.median(w["client_cpu_s"] / w["wall_s"] for w in ws) * 100,
+            "p50_ms_each": ";".join(f"{x * 1e3:.2f}" for x in p50s),
+            "note": cfg.note,
+        })
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (f"{'configuration':<18}{'n':>3}{'req/w':>7}{'p50 ms':>9}{'spread':>8}{'p90 ms':>9}{'spread':>8}"
+            f"{'Δp50 %':>9}{'base spr':>9}{'samples':>8}{'cli cpu':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['config']:<18}{r['repeats']:>3}{r['requests_per_window']:>7.0f}{r['ttft_p50_ms']:>9.2f}"
+              f"{r['ttft_p50_spread_pct']:>7.1f}%{r['ttft_p90_ms']:>9.2f}{r['ttft_p90_spread_pct']:>7.1f}%"
+              f"{r['delta_p50_pct']:>+8.1f}%{r['baseline_p50_spread_pct']:>8.1f}%{r['samples_per_window']:>8.0f}"
+              f"{r['client_cpu_pct']:>7.0f}%")
+
+
+def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3, help="measured windows per configuration (interleaved)")
+    ap.add_argument("--window", type=float, default=25.0, help="seconds per measurement window")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--tool-tokens", default="100-400", help="tool output per later turn, MIN-MAX tokens")
+    ap.add_argument("--output-tokens", default="16-32", help="generated tokens per turn, MIN-MAX")
+    ap.add_argument("--max-context-tokens", type=int, default=2048)
+    ap.add_argument("--text-style", default="agent-mix", choices=["agent-mix", "code", "prose", "json", "uniform"])
+    ap.add_argument("--configs", default=None, help="comma-separated subset of configurations (baseline is always run)")
+    ap.add_argument("--replica-core", type=int, default=None, help="core of the replica; unset: the last core")
+    ap.add_argument("--client-core", type=int, default=None,
+                    help="core of this process (client and sampler); unset: the first core not the replica's")
+    ap.add_argument("--base-url", default=None, help="measure a running server (started with VLLM_SERVER_DEV_MODE=1) "
+                    "instead of starting one; give --model and, unless it is tiny-llama, --tokenizer")
+    ap.add_argument("--model", default="tiny", help="served model name")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json for the workload; unset: tiny-llama's")
+    ap.add_argument("--scratch", default=os.environ.get("CPUSWEEP_SCRATCH"),
+                    help="vLLM cache root and model folder (reused: warm starts); unset: a temporary folder")
+    ap.add_argument("--api-server-module", action="store_true",
+                    help="launch vLLM as `python -m vllm.entrypoints.openai.api_server --model DIR` instead of "
+                         "the command orchestrator.replica builds (a workaround where that command fails)")
+    ap.add_argument("--csv", default=None, metavar="PATH", help="also write the table's rows as CSV")
+    a = ap.parse_args(argv)
+    if a.repeats < 1 or a.window <= 0:
+        ap.error("--repeats must be >= 1 and --window > 0")
+    return a
+
+
+def _range(text: str) -> TokenRange:
+    lo, _, hi = text.partition("-")
+    return TokenRange(min=int(lo), max=int(hi or lo))
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    node = sorted(os.sched_getaffinity(0))
+    replica_core = a.replica_core if a.replica_core is not None else node[-1]
+    client_core = a.client_core if a.client_core is not None else next((c for c in node if c != replica_core), None)
+    if client_core is None or client_core == replica_core:
+        print("error: need two cores, one for the replica and one for the client", file=sys.stderr)
+        return 2
+    has_gpu = (reader := open_gpu_reader()) is not None
+    if reader is not None:
+        reader.close()
+    cfgs, notes = configs(has_gpu)
+    if a.configs:
+        wanted = {"baseline", *(c.strip() for c in a.configs.split(","))}
+        unknown = wanted - {c.name for c in cfgs} - {"nvml-10hz"}
+        if unknown:
+            print(f"error: unknown configuration(s) {', '.join(sorted(unknown))}; known: "
+                  f"{', '.join(c.name for c in cfgs)}", file=sys.stderr)
+            return 2
+        cfgs = [c for c in cfgs if c.name in wanted]
+    spec = AgenticWorkload(name="overhead", sessions=a.sessions, concurrency=a.concurrency, turns=a.turns,
+                           system_prompt_tokens=a.system_prompt_tokens, tool_output_tokens=_range(a.tool_tokens),
+                           output_tokens=_range(a.output_tokens), max_context_tokens=a.max_context_tokens,
+                           max_duration_s=a.window, drain_s=10.0, request_timeout_s=60.0,
+                           client_tokenize="off",
+                           **({"text_style": a.text_style} if "text_style" in AgenticWorkload.model_fields else {}))
+    work = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
+    scratch = Path(a.scratch) if a.scratch else work / "scratch"
+    model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
+    tokenizer = a.tokenizer or str(model_dir / "tokenizer.json")
+    pin_self(frozenset([client_core]))
+    replica: VllmReplica | None = None
+    windows: list[dict[str, Any]] = []
+    try:
+        if a.base_url:
+            base_url = a.base_url.rstrip("/")
+
+            def alive() -> bool:
+                return True
+
+            def hint() -> str:
+                return ""
+        else:
+            port = free_port()
+            replica = VllmReplica(make_trial(1, max(4096, a.max_context_tokens * 2)), str(model_dir),
+                                  frozenset([replica_core]), port, work / "replica", "affinity",
+                                  scratch_dir=scratch)
+            if a.api_server_module:
+                replica.resolved_args = module_command(replica.resolved_args, str(model_dir))
+            replica.start()
+            print(f"starting vLLM-CPU (tiny-llama) on core {replica_core}, log {replica.log_path} ...", flush=True)
+            took = replica.wait_healthy(900)
+            v = replica.verify()
+            if not v.ok:
+                raise BenchError(f"replica restriction not verified: {v.violations[:3]}")
+            print(f"healthy after {took:.1f} s; restriction {replica.mode_used}, verified on {v.threads} threads",
+                  flush=True)
+            base_url, rep = replica.base_url, replica
+            alive = rep.alive
+
+            def hint() -> str:
+                return "" if rep.alive() else f" (vLLM exited: see {rep.log_path})"
+        print(f"vLLM {vllm_version()}; replica core {replica_core}, client+sampler core {client_core}; "
+              f"workload {a.sessions} sessions x {a.turns} turns, concurrency {a.concurrency}, "
+              f"{a.window:g} s windows, {a.repeats} repeats; configurations: {', '.join(c.name for c in cfgs)}",
+              flush=True)
+        for n in notes:
+            print(f"note: {n}", flush=True)
+        kw = dict(base_url=base_url, model=a.model, tokenizer=tokenizer, replica_cpus=[replica_core],
+                  client_cpus=[client_core], alive=alive, log_hint=hint)
+        t0 = time.monotonic()
+        warm = one_window(cfgs[0], spec, **kw)  # type: ignore[arg-type]
+        print(f"warm-up: {warm['n']} requests, TTFT p50 {warm['p50'] * 1e3:.1f} ms", flush=True)
+        for rep_i in range(a.repeats):
+            for cfg in cfgs:
+                w = one_window(cfg, spec, **kw)  # type: ignore[arg-type]
+                w["repeat"] = rep_i
+                windows.append(w)
+                print(f"[{time.monotonic() - t0:6.0f} s] repeat {rep_i} {cfg.name:<18} n={w['n']:<4} "
+                      f"p50 {w['p50'] * 1e3:7.2f} ms  p90 {w['p90'] * 1e3:7.2f} ms  samples {w['samples']}"
+                      + (f"  warnings: {'; '.join(w['warnings'])}" if w["warnings"] else ""), flush=True)
+    except (BenchError, ReplicaError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if replica is not None:
+            print(f"(files kept in {work})", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+        return 1
+    finally:
+        if replica is not None:
+            report = replica.stop()
+            if report.get("leftover_pids"):
+                print(f"warning: replica left {report['leftover_pids']}", file=sys.stderr)
+    shutil.rmtree(work, ignore_errors=True)  # the log and, without --scratch, the caches: all went well
+    rows = summarize(cfgs, windows)
+    print(f"\nTTFT by configuration: median over {a.repeats} interleaved repeats; spread = (max-min)/median "
+          f"of the repeats; Δp50 against baseline (compare with the baseline's own spread)\n")
+    print_table(rows)
+    for n in notes:
+        print(f"note: {n}")
+    if a.csv:
+        write_csv(a.csv, rows)
+        print(f"wrote {a.csv}")
+    print(json.dumps({"machine_cores": len(node), "replica_core": replica_core, "client_core": client_core}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
