@@ -50,7 +50,19 @@ class _WorkloadBase(_Strict):
                     "cores), or 'off'.")
 
 
-class AgenticWorkload(_WorkloadBase):
+TextStyle = Literal["agent-mix", "code", "prose", "json", "uniform"]
+
+
+class _SyntheticText(_WorkloadBase):
+    text_style: TextStyle = Field(
+        default="agent-mix",
+        description="What the generated prompt text looks like, which sets its tokenization cost per token: "
+                    "'agent-mix' (code, JSON tool output and prose, like a coding agent's context; the default), "
+                    "'code', 'prose', 'json', or 'uniform' (random single-token words: costlier to tokenize "
+                    "than real text; kept for comparison with earlier results).")
+
+
+class AgenticWorkload(_SyntheticText):
     """Synthetic agentic sessions: shared tool prefix, growing context, real answers appended."""
 
     kind: Literal["agentic"] = "agentic"
@@ -73,7 +85,7 @@ class AgenticWorkload(_WorkloadBase):
     think_time_s: float = Field(default=0.0, ge=0, le=3600, description="Pause between a reply and the next turn.")
 
 
-class MooncakeWorkload(_WorkloadBase):
+class MooncakeWorkload(_SyntheticText):
     """Replay of a Mooncake trace (timestamp ms, input_length, output_length, hash_ids of 512-token blocks)."""
 
     kind: Literal["mooncake"] = "mooncake"
@@ -87,7 +99,7 @@ class MooncakeWorkload(_WorkloadBase):
                                            description="Clip prompts to this many tokens (keeps the prefix).")
 
 
-class AzureWorkload(_WorkloadBase):
+class AzureWorkload(_SyntheticText):
     """Replay of an Azure LLM inference 2023 trace (TIMESTAMP, ContextTokens, GeneratedTokens)."""
 
     kind: Literal["azure"] = "azure"
@@ -146,5 +158,5 @@ class RecordedWorkload(_WorkloadBase):
 WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload, RecordedWorkload],
                          Field(discriminator="kind")]
 
-__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "TokenRange",
+__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "TextStyle", "TokenRange",
            "WorkloadSpec"]

@@ -7,6 +7,7 @@ grep -vE "^\s*$" /tmp/sweep.log | tail -40
 if ! pgrep -f "orchestrator.cli run" >/dev/null; then
   mkdir -p "$OUT"
   cp /tmp/sweep.log "$OUT/" 2>/dev/null
+  cp /tmp/text_bench.txt "$OUT/" 2>/dev/null
   cp "${ORCH_HOME:-/tmp/orch}"/reports/*.csv "$OUT/" 2>/dev/null
   tar -C "${ORCH_HOME:-/tmp/orch}" -czf "$OUT/orch-home.tgz" --exclude='node/scratch' --exclude='node/models' --exclude='*.parquet.tmp' . 2>/dev/null
   ls -la "$OUT"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Start sweeps on a lent single-node GPU machine, one after another, from a copy of the checkout in
+# /tmp/work (each command sent to the machine replaces the checkout, so a long sweep must not run
+# from it). The wheel bundle is already unpacked in /tmp/site; the Llama 3 tokenizer comes in
+# .bundle/tok (fetched at set-up, never committed). Poll with benchmarks/h200/wait.sh.
+#   usage: benchmarks/h200/fidelity.sh SWEEP [SWEEP ...]
+set -uo pipefail
+[ $# -gt 0 ] || { echo "usage: $0 SWEEP [SWEEP ...]" >&2; exit 2; }
+rm -rf /tmp/work && mkdir -p /tmp/work /tmp/tok
+tar --exclude=./.bundle --exclude=./.git -cf - . | tar -C /tmp/work -xf -
+cp -r .bundle/tok/. /tmp/tok/ 2>/dev/null || true
+cd /tmp/work
+export PYTHONPATH=/tmp/site:/tmp/work PATH=/tmp/site/bin:$PATH
+export ORCH_HOME=${ORCH_HOME:-/tmp/orch} ORCH_TOKENIZER_CACHE=/tmp/tok
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nproc; lscpu | grep -E "Model name|Thread|NUMA node" ; stat -fc %T /sys/fs/cgroup
+python3 -c "import vllm, ray, mlflow; print('vllm', vllm.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__)"
+# The text benchmark on this host's CPU (one core), before the sweeps load it.
+python3 benchmarks/text_bench.py > /tmp/text_bench.txt 2>&1 || echo "text_bench failed (see /tmp/text_bench.txt)"
+setsid nohup bash -c 'for s in "$@"; do echo "=== $s"; python3 -m orchestrator.cli run "$s"; done' sweeps \
+  "$@" > /tmp/sweep.log 2>&1 < /dev/null &
+echo "sweeps started: pid $!"
