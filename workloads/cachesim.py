@@ -334,8 +334,11 @@ def _diagnose(measured: float | None, unbounded: float | None, m: Mapping[str, f
     parts = [(conc, "concurrent arrivals"), (evic, "eviction or block alignment")]
     (big, big_name), (small, small_name) = sorted(parts, key=lambda p: -p[0])
     text = f"{head}: {big * 100:.1f} points lost to {big_name} (the larger), {small * 100:.1f} to {small_name}"
-    if evic < -GAP_NOISE:
-        text += "; the server hit more than the plan predicts (shared text the plan does not know of)"
+    if measured > unbounded + GAP_NOISE:
+        text += "; the server hit more than the plan allows (shared text the plan does not know of)"
+    elif evic < -GAP_NOISE:
+        text += ("; the server beat the after-prefill bound: vLLM caches a prompt's blocks as its prefill is "
+                 "scheduled, so requests arriving during a prefill still hit")
     return text
 
 

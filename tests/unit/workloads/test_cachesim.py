@@ -184,3 +184,12 @@ def test_100k_requests_of_50_blocks_in_seconds() -> None:
     print(f"100k x 50 blocks: {took:.2f} s")
     assert hits[0] == 0 and set(hits[100:]) == {10 * 512}
     assert took < 6.0  # about 1-2 s alone; the 2-core CI machine is shared
+
+
+def test_diagnosis_tells_a_server_that_beats_the_after_prefill_bound_from_one_that_beats_the_plan():
+    from workloads.cachesim import replay_fidelity
+
+    scheduled = replay_fidelity(0.74, 0.74, 0.68).diagnosis
+    assert "prefill is scheduled" in scheduled and "does not know of" not in scheduled
+    beyond = replay_fidelity(0.80, 0.74, 0.68).diagnosis
+    assert "does not know of" in beyond
