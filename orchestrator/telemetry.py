@@ -51,6 +51,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
+    # Eviction evidence for the replay-fidelity gap: preempted requests lose their blocks; with
+    # vLLM's --kv-cache-metrics, a sample (--kv-cache-metrics-sample, default 1%) of evicted blocks.
+    "preemptions": ("vllm:num_preemptions_total",),
+    "kv_evicted_blocks_sampled": ("vllm:kv_block_idle_before_evict_seconds_count",),
 }
 # Short output stem -> candidate gauge names; sampled over time by TelemetrySampler.
 GAUGES: dict[str, tuple[str, ...]] = {
