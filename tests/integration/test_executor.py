@@ -93,3 +93,39 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tm
     assert result.error_kind is ErrorKind.SERVER_DIED, result.message
     assert (tmp_path / "trials" / trial.trial_id / "vllm.log").exists()
     assert _vllm_pids() == []
+
+
+def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp_path):
+    """Two workloads (agent-mix and uniform text) as windows of one start: each window from the
+    prefix-cache reset, the warm-up once, the bare cross-check after each, and the trial's facts."""
+    base = _spec("fresh", [1]).model_dump(mode="json")
+    mix = {**base["workloads"][0], "name": "mix", "text_style": "agent-mix"}
+    uni = {**base["workloads"][0], "name": "uni", "text_style": "uniform"}
+    plan = expand(parse_spec({**base, "name": "it-protocol", "workloads": [mix, uni],
+                              "protocol": {"share_start": True, "warmup_s": 2, "crosscheck": True}}))
+    assert [t.workload.name for t in plan.trials] == ["mix", "uni"]
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    try:
+        first = ex.execute(plan.trials[0])
+        assert first.ok, first.message
+        pids = set(_vllm_pids())
+        second = ex.execute(plan.trials[1])
+        assert second.ok, second.message
+        assert set(_vllm_pids()) == pids, "a shared start must not start another vLLM"
+    finally:
+        ex.close()
+    assert _vllm_pids() == []
+    assert first.params["window_on_start"] == "1" and second.params["window_on_start"] == "2"
+    assert second.params["start_shared_with"] == plan.trials[0].trial_id
+    for r, style in ((first, "agent-mix"), (second, "uniform")):
+        m, p = r.metrics, r.params
+        assert p["prefix_cache_reset"] == "True" and m["window_first_cached_tokens"] == 0
+        assert p["text_style"] == style and m["client_tokenize_ms_per_1k"] > 0
+        assert m["crosscheck_bare_count"] == m["crosscheck_harness_count"] > 0
+        assert 0.2 < m["crosscheck_ttft_p50_ratio"] < 5
+        assert m["ideal_prefix_hit_rate"] >= m["ideal_prefix_hit_rate_after_prefill"] > 0
+        assert "replica_cores_foreign_cpu_s" in m and m["replica_tree_cpu_s"] > 0
+        for key in ("cpu_model", "smt", "replica_numa_nodes", "cpu_governor", "replica_physical_cores"):
+            assert p[key], key
+        checks = (tmp_path / "trials" / r.trial_id / "verified_cores.json").read_text()
+        assert '"client_end"' in checks and (tmp_path / "trials" / r.trial_id / "bare.jsonl").stat().st_size > 0
