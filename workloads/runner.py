@@ -132,7 +132,7 @@ def frozen_setup() -> Iterator[None]:
 
 
 def _prepare(spec: AnyWorkload, tokenizer_path: str) -> tuple[TextFactory, list[Session]]:
-    factory = TextFactory(load_tokenizer(tokenizer_path))
+    factory = TextFactory(load_tokenizer(tokenizer_path), style=getattr(spec, "text_style", "uniform"))
     return factory, load_sessions(spec, factory)
 
 
