@@ -6,9 +6,9 @@ queue forms"). For each tokenizer (Qwen3 and, if its file is given with ``--llam
 LLAMA3_TOKENIZER_JSON, or its package is installed, Llama 3) and each text style, this prints:
 
   * ours: ms per 1k tokens of a render of ``--tokens`` tokens of blocks of ``--block`` tokens
-    with random ids (``workloads.text.tokenize_cost_ms_per_1k``: single-threaded ``encode``,
-    thread CPU time, best of ``--repeats`` passes, alternated with the reference ``--rounds``
-    times and the best kept);
+    with random ids: single-threaded ``encode``, thread CPU time, timed in pieces paired with the
+    reference's pieces (``workloads.text.compare_cost``), each piece's best of
+    ``--repeats`` x ``--rounds`` passes kept;
   * reference: the same for held-out real text of the style's kind that no prompt uses
     (``workloads.text.reference_text``), and the ratio ours / reference;
   * uniform: the old random single-token words, for comparison;
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from workloads.text import (TEXT_STYLES, TextFactory, bundled_tokenizer_path, load_tokenizer,
-                            reference_text, stable_id, tokenize_cost_ms_per_1k)
+                            compare_cost, reference_text, stable_id,
+                            tokenize_cost_ms_per_1k)
 
 
 def _tokenizers(llama3: str | None) -> dict[str, Path]:
@@ -69,10 +70,7 @@ def main() -> None:
                 print(f"{name:<10} {style:<10} {ours:7.2f} {'':>7} {'':>6}  {'':>7} {build_s:8.2f}")
                 continue
             ref_text = reference_text(tok, style, args.tokens)
-            ours = ref = float("inf")
-            for _ in range(args.rounds):
-                ours = min(ours, tokenize_cost_ms_per_1k(tok, ours_text, args.repeats))
-                ref = min(ref, tokenize_cost_ms_per_1k(tok, ref_text, args.repeats))
+            ours, ref = compare_cost(tok, ours_text, ref_text, rounds=args.rounds * args.repeats)
             padded = _padded_share(factory, args.blocks)
             print(f"{name:<10} {style:<10} {ours:7.2f} {ref:7.2f} {ours / ref:6.3f}  {padded:7.2%} {build_s:8.2f}",
                   flush=True)

@@ -137,6 +137,47 @@ def timed_count(count: Callable[[str], int], text: str) -> tuple[int, int]:
     return n, max(1, time.perf_counter_ns() - t0)
 
 
+def _pieces(text: str) -> list[str]:
+    """``text`` cut at newlines into pieces of about 2k tokens (8000 characters)."""
+    pieces, i = [], 0
+    while i < len(text):
+        j = text.find("\n", i + 8000)
+        j = len(text) if j < 0 else j
+        pieces.append(text[i:j])
+        i = j
+    return pieces
+
+
+def compare_cost(tokenizer: Tokenizer, a: str, b: str, rounds: int = 10,
+                 agree: float | None = None) -> tuple[float, float]:
+    """``(ms per 1k tokens of a, of b)``, measured *paired*: pieces of the two texts are timed
+    alternately, so a noisy neighbour (or a stolen vCPU, which the thread clock cannot see)
+    spoils both sides of a pair alike, and each piece keeps its best time over ``rounds``.
+    With ``agree`` set, stops early once the two agree within that fraction (noise only adds
+    time, so agreement under noise is agreement). The word cache is cleared first."""
+    pa, pb = _pieces(a), _pieces(b)
+    na = len(tokenizer.encode(a, add_special_tokens=False).ids)
+    nb = len(tokenizer.encode(b, add_special_tokens=False).ids)
+    if not na or not nb:
+        raise ValueError("cannot measure the cost of text with no tokens")
+    clear = getattr(tokenizer.model, "_clear_cache", None)
+    if clear is not None:
+        clear()
+    best_a, best_b = [float("inf")] * len(pa), [float("inf")] * len(pb)
+    encode, clock = tokenizer.encode, time.thread_time_ns
+    for _ in range(max(1, rounds)):
+        for k in range(max(len(pa), len(pb))):
+            for pieces, best in ((pa, best_a), (pb, best_b)):
+                if k < len(pieces):
+                    t0 = clock()
+                    encode(pieces[k], add_special_tokens=False)
+                    best[k] = min(best[k], clock() - t0)
+        ms_a, ms_b = sum(best_a) / 1e6 / na * 1000, sum(best_b) / 1e6 / nb * 1000
+        if agree is not None and abs(ms_a / ms_b - 1) <= agree:
+            break
+    return ms_a, ms_b
+
+
 def tokenize_cost_ms_per_1k(tokenizer: Tokenizer, text: str, repeats: int = 5) -> float:
     """CPU milliseconds per 1k tokens to tokenize ``text`` with single-threaded ``encode``.
 
@@ -146,12 +187,7 @@ def tokenize_cost_ms_per_1k(tokenizer: Tokenizer, text: str, repeats: int = 5) -
     not count. The tokenizer's word cache is cleared first, so every text starts as cold as
     the first prompt a server sees, whatever the tokenizer encoded before.
     """
-    pieces, i = [], 0
-    while i < len(text):
-        j = text.find("\n", i + 8000)
-        j = len(text) if j < 0 else j
-        pieces.append(text[i:j])
-        i = j
+    pieces = _pieces(text)
     n = len(tokenizer.encode(text, add_special_tokens=False).ids)
     if n == 0:
         raise ValueError("cannot measure the cost of text with no tokens")
@@ -397,4 +433,5 @@ def reference_text(tokenizer: Tokenizer, style: str, n_tokens: int) -> str:
 
 
 __all__ = ["AGENT_MIX", "TEXT_STYLES", "TextFactory", "bundled_tokenizer_path", "load_tokenizer",
-           "reference_text", "stable_id", "timed_count", "token_counter", "tokenize_cost_ms_per_1k"]
+           "compare_cost", "reference_text", "stable_id", "timed_count", "token_counter",
+           "tokenize_cost_ms_per_1k"]

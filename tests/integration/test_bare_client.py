@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import urllib.request
@@ -23,7 +24,6 @@ from orchestrator.models import build_shape
 from orchestrator.plan import TrialSpec
 from orchestrator.replica import VllmReplica, free_port
 from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
-from workloads import run_workload_sync
 from workloads.bare import crosscheck_ratio
 from workloads.loaders import generate_agentic
 from workloads.metrics import ttft_s
@@ -61,14 +61,29 @@ def reset_prefix_cache(base_url: str) -> None:
         pass  # a bare 200: the status is all there is
 
 
-def run_product(base_url: str, tokenizer: str) -> list:
-    # Pin the calling thread (the event loop runs in it; threads it starts inherit) like the bare client.
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, CLIENT)
-    try:
-        return list(run_workload_sync(WORKLOAD, base_url=base_url, model="tiny", tokenizer_path=tokenizer).records)
-    finally:
-        os.sched_setaffinity(0, saved)
+# The product's client in a child process pinned to the client's cores, as the workload actor
+# runs it: pinning this test process instead would leave the worker threads it starts (asyncio's
+# executor, the tokenizer's pool) pinned after the test, and later tests of this process see them.
+_PRODUCT = """
+import os, pickle, sys
+from workloads import run_workload_sync
+from workloads.spec import AgenticWorkload
+cpus, spec, url, tokenizer, out = sys.argv[1:6]
+os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+run = run_workload_sync(AgenticWorkload.model_validate_json(spec), base_url=url, model="tiny", tokenizer_path=tokenizer)
+with open(out, "wb") as f:
+    pickle.dump(list(run.records), f)
+"""
+
+
+def run_product(base_url: str, tokenizer: str, tmp_path: Path) -> list:
+    out = tmp_path / "product.pickle"
+    cmd = [sys.executable, "-c", _PRODUCT, ",".join(map(str, sorted(CLIENT))), WORKLOAD.model_dump_json(),
+           base_url, tokenizer, str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return pickle.loads(out.read_bytes())
 
 
 def run_bare(base_url: str, tokenizer: str, tmp_path: Path) -> list[dict]:
@@ -91,7 +106,7 @@ def test_product_and_bare_client_agree(tmp_path: Path) -> None:
         replica.start()
         print(f"healthy after {replica.wait_healthy(600):.1f} s")
         reset_prefix_cache(replica.base_url)
-        records = run_product(replica.base_url, model_dir)
+        records = run_product(replica.base_url, model_dir, tmp_path)
         reset_prefix_cache(replica.base_url)
         rows = run_bare(replica.base_url, model_dir, tmp_path)
     *bare, summary = rows

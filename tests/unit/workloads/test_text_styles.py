@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import re
@@ -17,7 +16,7 @@ import textwrap
 import pytest
 
 from workloads import corpus
-from workloads.text import (AGENT_MIX, TEXT_STYLES, TextFactory, reference_text, stable_id,
+from workloads.text import (AGENT_MIX, TEXT_STYLES, TextFactory, compare_cost, reference_text, stable_id,
                             tokenize_cost_ms_per_1k)
 
 REAL = tuple(s for s in TEXT_STYLES if s != "uniform")
@@ -37,14 +36,9 @@ def test_style_costs_like_held_out_text_of_its_kind(tokenizer_factory: TextFacto
     ours = f.render([(stable_id("cost-sample", i), 256) for i in range(SAMPLE_TOKENS // 256)])
     ref = reference_text(tok, style, SAMPLE_TOKENS)
     assert f.count(ref) > 0.8 * SAMPLE_TOKENS
-    # Timing on shared cores: keep the best of every measurement, alternate the two texts,
-    # and stop as soon as they agree (noise only ever adds time).
-    a = b = math.inf
-    for _ in range(6):
-        a = min(a, tokenize_cost_ms_per_1k(tok, ours))
-        b = min(b, tokenize_cost_ms_per_1k(tok, ref))
-        if abs(a / b - 1) <= TOLERANCE:
-            break
+    # Timing on shared cores: pieces of the two texts timed alternately, the best of each kept,
+    # stopping as soon as they agree (noise only ever adds time).
+    a, b = compare_cost(tok, ours, ref, rounds=15, agree=TOLERANCE)
     assert abs(a / b - 1) <= TOLERANCE, f"{style}: {a:.2f} ms/1k tokens vs held-out {b:.2f}"
 
 
