@@ -270,17 +270,28 @@ class RayTrialExecutor:
                 ray.get(workload.run.remote(warm.model_dump_json(), up["base_url"], trial.model.name,
                                             up["tokenizer_path"]))
             params["warmup_s"] = proto.warmup_s
+
+            def cross_check() -> dict[str, Any]:
+                # Same start state as the window: an empty prefix cache on the same warm server.
+                if not ray.get(lease.replica.reset_prefix_cache.remote()):
+                    return {"error": "the prefix cache could not be reset before the bare run"}
+                return ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
+                                                    up["tokenizer_path"], _bare_timeout(trial)))
+
+            # Odd repeats run the bare client first, so an order effect between the two runs
+            # shows up as a difference between repeats instead of hiding in the ratio.
+            xcheck = proto.crosschecks(trial.cores)
+            bare_first = xcheck and trial.repeat % 2 == 1
+            if xcheck:
+                params["crosscheck_order"] = "bare-first" if bare_first else "harness-first"
+            if bare_first:
+                bare = cross_check()
             params.update(ray.get(lease.replica.begin_window.remote(alloc["client"], gpu_ids)))
             run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"]))
             window = ray.get(lease.replica.end_window.remote())
             checks["client_end"] = ray.get(workload.verify.remote())
-            if proto.crosschecks(trial.cores) and window["alive"]:
-                # Same start state as the window: an empty prefix cache on the same warm server.
-                if ray.get(lease.replica.reset_prefix_cache.remote()):
-                    bare = ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
-                                                        up["tokenizer_path"], _bare_timeout(trial)))
-                else:
-                    bare = {"error": "the prefix cache could not be reset before the bare run"}
+            if xcheck and not bare_first and window["alive"]:
+                bare = cross_check()
         finally:
             ray.kill(workload)
         if window["alive"]:

@@ -117,7 +117,8 @@ class ProtocolSpec(_Strict):
         default=False,
         description="After the window, reset the prefix cache again and replay the same workload with the bare "
                     "client (workloads.bare: one plain process, no Ray actor in the request path, no telemetry); "
-                    "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts.")
+                    "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts. "
+                    "Odd repeats run the bare client before the window instead, so the order's effect is visible.")
 
     def crosschecks(self, cores: int) -> bool:
         return self.crosscheck is True or (isinstance(self.crosscheck, tuple) and cores in self.crosscheck)

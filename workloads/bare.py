@@ -16,7 +16,10 @@ What it does, kept equal to the product on purpose:
     ``max_in_flight`` at once) for traces; the window ``max_duration_s``, ``drain_s`` and
     the per-request deadline ``request_timeout_s``.
 And nothing else: the stdlib asyncio loop, one aiohttp session (``trust_env=False``),
-``time.perf_counter_ns()`` stamped on the first chunk that carries text.
+``time.perf_counter_ns()`` stamped on the first chunk that carries a choice, text or not:
+vLLM's own benchmark (``vllm bench serve``) counts TTFT that way, since a first token can
+decode to no text yet (a partial UTF-8 sequence, a special token). Stamping the first
+*non-empty* text instead made TTFT the time of a later token for such requests.
 
 Run: ``python -m workloads.bare --base-url URL --model NAME --tokenizer PATH
 --workload-json FILE --out FILE [--cpus 3,4]``. ``--out`` gets one JSON line per request
@@ -237,10 +240,10 @@ class BareClient:
                         if "error" in obj and not obj.get("choices"):
                             raise ValueError(f"server error event: {str(obj['error'])[:300]}")
                         choices = obj.get("choices") or []
+                        if choices and st["first"] is None:
+                            st["first"] = now  # vllm bench serve's TTFT: the first chunk with a choice
                         for choice in choices:
                             if choice.get("text"):
-                                if st["first"] is None:
-                                    st["first"] = now
                                 st["text"].append(choice["text"])
                         usage = obj.get("usage") or {}
                         if usage.get("prompt_tokens") is not None:

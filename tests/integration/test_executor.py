@@ -101,23 +101,26 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp
     base = _spec("fresh", [1]).model_dump(mode="json")
     mix = {**base["workloads"][0], "name": "mix", "text_style": "agent-mix"}
     uni = {**base["workloads"][0], "name": "uni", "text_style": "uniform"}
-    plan = expand(parse_spec({**base, "name": "it-protocol", "workloads": [mix, uni],
+    plan = expand(parse_spec({**base, "name": "it-protocol", "workloads": [mix, uni], "repeats": 2,
                               "protocol": {"share_start": True, "warmup_s": 2, "crosscheck": True}}))
-    assert [t.workload.name for t in plan.trials] == ["mix", "uni"]
+    assert [(t.workload.name, t.repeat) for t in plan.trials] == [("mix", 0), ("uni", 0), ("mix", 1), ("uni", 1)]
     ex = RayTrialExecutor(tmp_path, plan=plan)
+    results = []
     try:
-        first = ex.execute(plan.trials[0])
-        assert first.ok, first.message
-        pids = set(_vllm_pids())
-        second = ex.execute(plan.trials[1])
-        assert second.ok, second.message
-        assert set(_vllm_pids()) == pids, "a shared start must not start another vLLM"
+        for t in plan.trials:
+            results.append(ex.execute(t))
+            assert results[-1].ok, results[-1].message
+            if len(results) == 1:
+                pids = set(_vllm_pids())
+            assert set(_vllm_pids()) == pids, "a shared start must not start another vLLM"
     finally:
         ex.close()
     assert _vllm_pids() == []
-    assert first.params["window_on_start"] == "1" and second.params["window_on_start"] == "2"
-    assert second.params["start_shared_with"] == plan.trials[0].trial_id
-    for r, style in ((first, "agent-mix"), (second, "uniform")):
+    first, second = results[:2]
+    assert [r.params["window_on_start"] for r in results] == ["1", "2", "3", "4"]
+    assert {r.params.get("start_shared_with") for r in results[1:]} == {plan.trials[0].trial_id}
+    assert [r.params["crosscheck_order"] for r in results] == ["harness-first"] * 2 + ["bare-first"] * 2
+    for r, style in zip(results, ("agent-mix", "uniform") * 2):
         m, p = r.metrics, r.params
         assert p["prefix_cache_reset"] == "True" and m["window_first_cached_tokens"] == 0
         assert p["text_style"] == style and m["client_tokenize_ms_per_1k"] > 0
