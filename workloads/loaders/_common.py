@@ -7,6 +7,7 @@ without reading our code.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..trace import Block
@@ -54,3 +55,15 @@ def open_trace(path: Path) -> Path:
     if not p.is_file():
         raise TraceError(p, 0, "no such trace file")
     return p
+
+
+def json_object(path: Path, line: int, text: str, what: str = "") -> dict:
+    """One JSONL line parsed as a JSON object, or a TraceError naming the line."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise TraceError(path, line, f"invalid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise TraceError(path, line, "each line must be a JSON object" + (f" ({what})" if what else ""))
+    return obj
+

@@ -11,12 +11,11 @@ Every line is validated; the first bad one raises ``TraceError`` naming file and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..spec import MooncakeWorkload
 from ..trace import Block, Session, Turn
-from ._common import TraceError, clip_blocks, is_int, open_trace
+from ._common import TraceError, clip_blocks, is_int, json_object, open_trace
 
 
 def _blocks(path: Path, line: int, obj: dict, block_tokens: int) -> list[Block]:
@@ -32,12 +31,7 @@ def _blocks(path: Path, line: int, obj: dict, block_tokens: int) -> list[Block]:
 
 
 def _parse(path: Path, line: int, text: str, block_tokens: int) -> tuple[float, list[Block], int]:
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise TraceError(path, line, f"invalid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise TraceError(path, line, "each line must be a JSON object")
+    obj = json_object(path, line, text)
     for key in ("timestamp", "input_length", "output_length", "hash_ids"):
         if key not in obj:
             raise TraceError(path, line, f"missing field {key!r}")

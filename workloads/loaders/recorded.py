@@ -34,7 +34,6 @@ recorded text.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from typing import Iterator, Literal
 from ..spec import RecordedWorkload
 from ..text import stable_id
 from ..trace import Message, Session, Turn
-from ._common import TraceError, is_int, open_trace
+from ._common import TraceError, is_int, json_object, open_trace
 
 CHARS_PER_TOKEN = 4.0
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -225,12 +224,7 @@ def read_recorded(path: Path, fmt: Literal["auto", "abench", "chat"] = "auto",
     for line, text in _lines(path):
         if max_sessions is not None and len(sessions) >= max_sessions:
             break
-        try:
-            obj = json.loads(text)
-        except ValueError as exc:
-            raise TraceError(path, line, f"invalid JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise TraceError(path, line, "each line must be a JSON object (one session)")
+        obj = json_object(path, line, text, "one session")
         if fmt == "auto":
             fmt = _detect(path, line, obj)  # the first session decides for the whole file
         turns = _parse_abench(path, line, obj) if fmt == "abench" else _parse_chat(path, line, obj)

@@ -218,6 +218,12 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(behaviour.itl_s)
     if mode == "no_done":
         return resp
+    return await _finish(resp, behaviour, prompt_tokens, n)
+
+
+async def _finish(resp: web.StreamResponse, behaviour: "ServerBehaviour", prompt_tokens: int,
+                  n: int) -> web.StreamResponse:
+    """The final usage chunk (cached tokens if the behaviour reports them), then ``[DONE]``."""
     usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
     if behaviour.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
@@ -249,12 +255,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         if continuous:
             chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
-    if behaviour.cached_tokens is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
-    await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
+    return await _finish(resp, behaviour, prompt_tokens, n)
 
 
 class ServerThread:
