@@ -1,16 +1,10 @@
 """Pure merge of one trial's raw outcome into flat, MLflow-safe summary metrics.
 
-Besides the client's latency figures and the server's /metrics deltas, a trial records what
-makes its numbers trustworthy or not:
-
-- ``client_tokenize_ms_per_1k``: what the prompt text it sent costs to tokenize, per 1k tokens,
-  on one client core (from the records' after-window tokenization). The text's cost per token
-  decides whether vLLM's single tokenizer thread queues (DESIGN.md), so two trials with
-  different text are only comparable knowing this.
-- ``window_first_cached_tokens``: cached tokens of the window's first request; 0 shows that the
-  window started from an empty prefix cache, as the protocol says.
-- the ideal prefix-cache hit rates of what was sent (``workloads.cachesim``), beside the
-  measured one, so a replay that reuses less than its trace allows is visible.
+Besides the client's latency figures (``workloads.metrics.summarize``, which also gives the text's
+tokenization cost and the window's first cached tokens) and the server's /metrics deltas, a trial
+records the ideal prefix-cache hit rates of what was sent (``workloads.cachesim``) beside the
+measured one, so a replay that reuses less than its trace allows is visible, and the harness's
+TTFT against the bare client's.
 """
 
 from __future__ import annotations
@@ -20,23 +14,6 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
-
-
-def tokenize_cost_ms_per_1k(records: Sequence[Any]) -> float | None:
-    """``sum(tokenize_ns) / 1e6 / (sum(client_prompt_tokens) / 1000)`` over records tokenized on the client."""
-    timed = [r for r in records if r.tokenize_ns > 0 and r.client_prompt_tokens > 0]
-    tokens = sum(r.client_prompt_tokens for r in timed)
-    if not tokens:
-        return None
-    return sum(r.tokenize_ns for r in timed) / 1e6 / (tokens / 1000)
-
-
-def first_cached_tokens(records: Sequence[Any]) -> float | None:
-    """Cached tokens the server reported for the first request sent in the window (None if unreported)."""
-    if not records:
-        return None
-    first = min(records, key=lambda r: r.sent_ns)
-    return None if first.cached_tokens is None else float(first.cached_tokens)
 
 
 def sessions_of(trial: Any) -> list[Any] | None:
@@ -104,11 +81,7 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     out.update(summarize_series(list(rows)))
     out["client_cpu_s"] = float(run.client_cpu_s)
     out["window_s"] = float(run.wall_s)
-    out["client_tokenize_ms_per_1k"] = tokenize_cost_ms_per_1k(run.records)
-    out["window_first_cached_tokens"] = first_cached_tokens(run.records)
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["crosscheck_metrics", "first_cached_tokens", "replay_fidelity_of", "sessions_of", "special_tokens",
-           "summarize_trial",
-           "tokenize_cost_ms_per_1k"]
+__all__ = ["crosscheck_metrics", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]

@@ -78,6 +78,25 @@ def tokenize_s(records: Sequence[RequestRecord]) -> list[float]:
     return [r.tokenize_ns / _NS for r in records if r.tokenize_ns > 0]
 
 
+def tokenize_ms_per_1k(records: Sequence[RequestRecord]) -> float | None:
+    """What the sent prompts cost to tokenize on one client core, per 1k tokens:
+    ``sum(tokenize_ns) / 1e6 / (sum(client_prompt_tokens) / 1000)`` over records tokenized on the
+    client (``tokenize_ns > 0``); None when none was. The text's cost per token decides whether
+    vLLM's one tokenizer thread per API server queues, so trials with other text compare only
+    knowing it."""
+    timed = [r for r in records if r.tokenize_ns > 0 and r.client_prompt_tokens > 0]
+    tokens = sum(r.client_prompt_tokens for r in timed)
+    return sum(r.tokenize_ns for r in timed) / 1e6 / (tokens / 1000) if tokens else None
+
+
+def first_cached_tokens(records: Sequence[RequestRecord]) -> int | None:
+    """Cached prompt tokens the server reported for the first request sent (earliest ``sent_ns``);
+    0 shows the window started from an empty prefix cache. None if unreported or no records."""
+    if not records:
+        return None
+    return min(records, key=lambda r: r.sent_ns).cached_tokens
+
+
 def prompt_tokens_vs_recorded(records: Sequence[RequestRecord]) -> list[float]:
     """Per ok request of a replayed recording: ``prompt_tokens / recorded_prompt_tokens``.
 
@@ -152,7 +171,9 @@ def summarize(records: Sequence[RequestRecord], *, ttft_slo_s: float | None = No
     Throughputs divide ok requests / their completion tokens by :func:`duration_s`.
     ``goodput_rps`` appears only when an SLO is given.
     ``prompt_tokens_vs_recorded_ratio_mean`` (mean of :func:`prompt_tokens_vs_recorded`)
-    appears only for replayed recordings with recorded prompt counts.
+    appears only for replayed recordings with recorded prompt counts;
+    ``client_tokenize_ms_per_1k`` (:func:`tokenize_ms_per_1k`) only where the client tokenized,
+    ``window_first_cached_tokens`` (:func:`first_cached_tokens`) only where the server reported it.
     """
     ok = ok_records(records)
     n = len(records)
@@ -184,6 +205,13 @@ def summarize(records: Sequence[RequestRecord], *, ttft_slo_s: float | None = No
             denom = sum(r.prompt_tokens for r in reported)
             if denom:
                 out["prefix_hit_rate"] = cached / denom
+
+    cost = tokenize_ms_per_1k(records)
+    if cost is not None:
+        out["client_tokenize_ms_per_1k"] = cost
+    first = first_cached_tokens(records)
+    if first is not None:
+        out["window_first_cached_tokens"] = float(first)
 
     ratios = prompt_tokens_vs_recorded(records)
     if ratios:

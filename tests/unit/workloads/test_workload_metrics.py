@@ -130,3 +130,13 @@ def test_empty_frame_round_trip() -> None:
     frame = records_to_frame([])
     assert len(frame) == 0 and "token_ns" in frame.columns
     assert frame_to_records(frame) == []
+
+
+def test_client_tokenize_cost_and_first_cached_tokens() -> None:
+    # R1: 2 ms for 100 tokens, R2: 4 ms for 300; R3 was not tokenized. (2 + 4) ms / 0.4k tokens.
+    assert math.isclose(metrics.tokenize_ms_per_1k([R1, R2, R3]), 15.0)
+    assert metrics.tokenize_ms_per_1k([R3]) is None
+    assert metrics.first_cached_tokens([R2, R1]) == 80  # R1 was sent first, whatever the order
+    assert metrics.first_cached_tokens([]) is None
+    out = metrics.summarize([R1, R2, R3])
+    assert math.isclose(out["client_tokenize_ms_per_1k"], 15.0) and out["window_first_cached_tokens"] == 80
