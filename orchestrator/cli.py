@@ -30,11 +30,17 @@ def _home(home: str | None) -> Path:
     return Path(home or os.environ.get("ORCH_HOME") or ".orchestrator").resolve()
 
 
+class InputError(click.ClickException):
+    """A sweep's inputs are wrong (spec, trace, model): nothing was started. Exit 2, like a usage error."""
+
+    exit_code = 2
+
+
 def _load(path: str):
     try:
         return load_spec(path)
     except SpecError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
 
 
 @click.group()
@@ -55,8 +61,16 @@ def _terminate(signum: int, _frame: object) -> None:
 @main.command()
 @click.argument("sweep", type=click.Path(dir_okay=False))
 def plan(sweep: str) -> None:
-    """Print the trials of SWEEP without starting anything."""
-    p = expand(_load(sweep))
+    """Print the trials of SWEEP without starting anything (after checking the files it reads)."""
+    from orchestrator.preflight import errors, preflight
+
+    spec = _load(sweep)
+    problems = preflight(spec, Path(sweep))
+    for problem in problems:  # one line each, on stderr, so the table on stdout stays clean
+        click.echo(str(problem), err=True)
+    if bad := errors(problems):
+        raise InputError(f"{len(bad)} input error(s) in {sweep}; fix them before `orchestrator run`")
+    p = expand(spec)
     table = Table(title=f"{p.spec.name}: {len(p)} trials")
     cols = ["trial_id", *p.trials[0].factors().keys()] if p.trials else ["trial_id"]
     for c in cols:
@@ -71,7 +85,10 @@ def plan(sweep: str) -> None:
 @click.option("--home", default=None, help=HOME_HELP)
 @click.option("--fresh-sweep", is_flag=True, help="Run every trial again instead of skipping finished ones.")
 def run(sweep: str, home: str | None, fresh_sweep: bool) -> None:
-    """Run SWEEP: every trial on Ray, tracked in MLflow, then print the comparison."""
+    """Run SWEEP: every trial on Ray, tracked in MLflow, then print the comparison.
+
+    The sweep's files are checked first (orchestrator.preflight); with an input error nothing
+    starts and the exit code is 2."""
     from orchestrator.runner import run_sweep
 
     spec = _load(sweep)

@@ -172,7 +172,8 @@ class RayTrialExecutor:
             kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
             return self._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
-            return self._failed(trial, tdir, ErrorKind.INTERNAL, _last_line(str(exc.cause or exc)), facts, started)
+            kind = _task_error_kind(exc.cause, str(exc))  # str() holds the remote traceback
+            return self._failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
         finally:
             if lease is not None:
                 if (repin or share) and ok:
@@ -345,6 +346,26 @@ def _last_line(text: str) -> str:
     """The informative end of a Ray traceback (the full text goes to the trial's artifacts)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("^")]
     return " | ".join(lines[-3:])[:500] if lines else text
+
+
+def _task_error_kind(cause: BaseException | None, traceback: str = "") -> ErrorKind:
+    """The kind of an exception raised inside a Ray task (``RayTaskError.cause``).
+
+    A bad input met on the node (a trace line, a model folder or tokenizer, the spec, the text
+    corpus) is the user's to fix, so it is the final ``CONFIG``: retrying it would fail the same
+    way. So is a plain ValueError raised by a loader (its traceback passes through
+    ``workloads/loaders/``). Anything else raised in a task is our bug: ``INTERNAL``.
+    """
+    from orchestrator.models import ModelError
+    from orchestrator.spec import SpecError
+    from workloads.corpus import CorpusError
+    from workloads.loaders import TraceError
+
+    if isinstance(cause, (TraceError, ModelError, SpecError, CorpusError)):
+        return ErrorKind.CONFIG
+    if isinstance(cause, ValueError) and "workloads/loaders/" in traceback:
+        return ErrorKind.CONFIG
+    return ErrorKind.INTERNAL
 
 
 def _flat(params: dict[str, Any]) -> dict[str, str]:

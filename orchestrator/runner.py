@@ -69,7 +69,18 @@ def _tracked_frame(uri: str, plan: SweepPlan):
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
-    """Run every trial; return 0 if all trials completed (or were already done), else 1."""
+    """Run every trial; return 0 if all trials completed (or were already done), 1 if one failed,
+    2 if the sweep's inputs are wrong (``orchestrator.preflight``: then nothing was started)."""
+    from orchestrator.preflight import errors, preflight
+
+    # Before any service: a bad trace line or model folder must not cost a Ray, MLflow and vLLM start.
+    problems = preflight(spec, spec_path, for_run=True)
+    for problem in problems:
+        console.print(str(problem), soft_wrap=True)  # one line each, however long
+    if bad := errors(problems):
+        console.print(f"{len(bad)} input error(s) in {spec_path}: nothing was started")
+        return 2
+
     from orchestrator.ray_executor import RayTrialExecutor
     from orchestrator.services import mlflow_server, ray_cluster, ui_command
     from orchestrator.tracking import MlflowTracker

