@@ -51,11 +51,47 @@ def main(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM (ray job stop, a CI timeout, `timeout`) must unwind like Ctrl-C, so every
     # context manager stops what it started: MLflow server, Ray, vLLM replicas.
+    # (orchestrator.services.ray_cluster puts these back after ray.init replaces them.)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the main thread is, so every ``finally`` runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+_signals_seen: list[int] = []
 
 
 def _terminate(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    """The first signal unwinds; a second one during the cleanup is ignored (the cleanup is what stops
+    the services), a third one leaves at once: what is left is reaped by the next run of the home."""
+    _signals_seen.append(signum)
+    if len(_signals_seen) == 1:
+        raise Interrupted(signum)
+    if len(_signals_seen) == 2:
+        print(f"stopping (signal {signum}): services are being stopped; signal again to leave at once",
+              file=sys.stderr, flush=True)
+        return
+    os._exit(128 + signum)
+
+
+def _exit_of(code_fn) -> None:
+    """Run a sweep and exit with its code; 130 after SIGINT (Ctrl-C), 143 after SIGTERM."""
+    try:
+        code = code_fn()
+    except KeyboardInterrupt:
+        # The signal that came first, not the exception's: Ray's ray.get re-raises a bare KeyboardInterrupt.
+        signum = _signals_seen[0] if _signals_seen else signal.SIGINT
+        name = signal.Signals(signum).name
+        console.print(f"interrupted by {name}: services stopped (the sweep's MLflow run is KILLED); "
+                      "run the same command again to resume, finished trials are skipped")
+        sys.exit(128 + signum)
+    sys.exit(code)
 
 
 @main.command()
@@ -92,8 +128,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool) -> None:
     from orchestrator.runner import run_sweep
 
     spec = _load(sweep)
-    code = run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep)
-    sys.exit(code)
+    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep))
 
 
 @main.command()
@@ -103,7 +138,8 @@ def resume(sweep: str, home: str | None) -> None:
     """Run the trials of SWEEP that have not finished yet (same as `run`)."""
     from orchestrator.runner import run_sweep
 
-    sys.exit(run_sweep(_load(sweep), Path(sweep), _home(home), console=console, resume=True))
+    spec = _load(sweep)
+    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=True))
 
 
 @main.command()

@@ -4,6 +4,10 @@ It imports no Ray: the executor is injected (anything with
 ``execute(trial) -> TrialResult``), and so are the observers. Retry policy lives
 here and only here: a retryable failure (node lost, server died, startup
 timeout) is run again up to ``max_failures`` times; a config error never is.
+
+An interrupt (Ctrl-C, or SIGTERM turned into one by the cli) still ends the sweep for the
+observers: ``on_sweep_end`` gets the results so far, then the interrupt goes on unwinding. A
+tracker tells an interrupted sweep from a complete one by the trials that have no result.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Executor(Protocol):
-    def execute(self, trial: TrialSpec) -> TrialResult: ...
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
+        """Run one attempt (1, 2, ... for retries) of ``trial``; each attempt keeps its own artifacts."""
+        ...
 
 
 class SweepController:
@@ -39,16 +45,21 @@ class SweepController:
 
     def run(self) -> list[TrialResult]:
         self.observers.on_sweep_start(self.plan)
-        done_before = self.finished()
         results: list[TrialResult] = []
-        for spec in self.plan.trials:
-            trial = self.trials[spec.trial_id]
-            if spec.trial_id in done_before:
-                trial.transition(TrialState.SKIPPED)
-                self.on_progress(trial, spec, None)
-                continue
-            result = self._run_one(trial, spec)
-            results.append(result)
+        try:
+            done_before = self.finished()
+            for spec in self.plan.trials:
+                trial = self.trials[spec.trial_id]
+                if spec.trial_id in done_before:
+                    trial.transition(TrialState.SKIPPED)
+                    self.on_progress(trial, spec, None)
+                    continue
+                result = self._run_one(trial, spec)
+                results.append(result)
+        except KeyboardInterrupt:
+            log.warning("sweep %s interrupted after %d result(s)", self.plan.spec.name, len(results))
+            self.observers.on_sweep_end(self.plan, results)
+            raise
         self.observers.on_sweep_end(self.plan, results)
         return results
 
@@ -58,7 +69,7 @@ class SweepController:
             self.on_progress(trial, spec, None)
             self.observers.on_trial_start(spec)
             try:
-                result = self.executor.execute(spec)
+                result = self.executor.execute(spec, attempt=trial.attempts)
             except Exception as exc:  # an executor bug is still data
                 log.exception("executor raised for trial %s", spec.trial_id)
                 result = TrialResult.failed(spec.trial_id, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")

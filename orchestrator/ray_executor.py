@@ -144,9 +144,11 @@ class RayTrialExecutor:
         self._warm_dir: Path | None = None
 
     # ------------------------------------------------------------------ public
-    def execute(self, trial: TrialSpec) -> TrialResult:
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
+        """Run attempt ``attempt`` of ``trial``; its artifacts go to ``trials/<trial_id>/attempt-<n>/``, so a
+        retry never mixes its logs with the failed attempt's (``error.txt`` stays with the attempt that failed)."""
         started = time.time()
-        tdir = self.home / "trials" / trial.trial_id
+        tdir = self.home / "trials" / trial.trial_id / f"attempt-{attempt}"
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
         repin = trial.start == "repin"
@@ -160,7 +162,8 @@ class RayTrialExecutor:
         ok = False
         try:
             if lease is None:
-                lease = self._lease(trial, key, self.max_cores.get(key, trial.cores) if repin else trial.cores)
+                lease = self._lease(trial, key, self.max_cores.get(key, trial.cores) if repin else trial.cores,
+                                    attempt=attempt)
             facts = lease.facts
             result = self._measure(trial, tdir, lease, started)
             ok = result.ok
@@ -191,7 +194,7 @@ class RayTrialExecutor:
             self._warm = self._warm_dir = None
 
     # ------------------------------------------------------------------ steps
-    def _lease(self, trial: TrialSpec, key: str, cores: int) -> _Lease:
+    def _lease(self, trial: TrialSpec, key: str, cores: int, *, attempt: int = 1) -> _Lease:
         bundle = bundle_for(trial, cores)
         why = _fits_somewhere(bundle)
         if why:
@@ -204,7 +207,7 @@ class RayTrialExecutor:
             raise TrialFailure(ErrorKind.CANNOT_FIT,
                                f"placement group {bundle} not ready after {self.placement_timeout_s:.0f} s") from None
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-        node_dir = str(self.home / "node" / "trials" / trial.trial_id)
+        node_dir = str(self.home / "node" / "trials" / trial.trial_id / f"attempt-{attempt}")
         replica = ReplicaActor.options(
             scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
         ).remote(trial.model_dump_json(), node_dir)

@@ -81,14 +81,29 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         console.print(f"{len(bad)} input error(s) in {spec_path}: nothing was started")
         return 2
 
+    from orchestrator import survivors
+    from orchestrator.homelock import HomeBusy, home_lock
+
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        with home_lock(home):  # one run per home, for the whole run; a dead holder's lock is free
+            for line in survivors.reap(home):  # what a run that died (SIGKILL) left running
+                console.print(line)
+            return _run_locked(spec, spec_path, home, console=console, resume=resume)
+    except HomeBusy as exc:
+        console.print(f"error: {exc}")
+        return 2
+
+
+def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool) -> int:
+    """The run itself, with the home locked. Services are recorded in ``home/services.json`` while they run."""
     from orchestrator.ray_executor import RayTrialExecutor
     from orchestrator.services import mlflow_server, ray_cluster, ui_command
     from orchestrator.tracking import MlflowTracker
 
     plan: SweepPlan = expand(spec)
-    home.mkdir(parents=True, exist_ok=True)
     console.print(f"sweep {spec.name}: {len(plan)} trials; state in {home}")
-    with mlflow_server(home / "mlflow") as ml, ray_cluster():
+    with mlflow_server(home / "mlflow", record_in=home) as ml, ray_cluster():
         console.print(f"MLflow tracking at {ml.uri}")
         tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
         executor = RayTrialExecutor(home, plan=plan)

@@ -4,6 +4,21 @@ Infrastructure settings come from the environment, never from a sweep spec:
 ``RAY_ADDRESS`` (connect instead of starting Ray) and ``MLFLOW_TRACKING_URI``
 (use that server instead of starting one). Whatever this module starts, it
 stops: every server runs in its own process group and is killed as a group.
+
+Two guards for runs that end badly or overlap:
+
+* **The server we talk to is the one we started.** A ``/health`` answer alone proves nothing: an
+  orphan of an earlier run, or another run's server, may answer on the port while ours failed to
+  bind. So the server counts as up only when ``/health`` answers *and* the kernel says the
+  listening socket on that port belongs to our Popen's process tree (psutil
+  ``net_connections``); no token has to travel through MLflow. If ours exits because someone
+  else took the port, it is started again on a free port.
+* **Nothing outlives the run.** The server is started under a small watchdog, the leader of its
+  process group: when the driver dies (even by SIGKILL, which runs no ``finally``) the watchdog
+  sees its parent change and ends the group. It polls ``getppid()`` rather than using
+  ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked exits and reaches only the
+  direct child, not MLflow's uvicorn grandchild. With ``record_in`` every process of the group is
+  also written to ``services.json`` (:mod:`orchestrator.survivors`), for the next run to reap.
 """
 
 from __future__ import annotations
@@ -12,12 +27,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
+from orchestrator import survivors
 from orchestrator.net import free_port, http_ok, port_is_free
 
 
@@ -63,34 +82,114 @@ def _mlflow_cmd(home: Path, host: str, port: int) -> list[str]:
     ]
 
 
+# argv: driver pid, then the server's command. The group leader: runs the server as its child, exits
+# with the server's code, and ends the whole group (the server, its workers, itself) if the driver dies.
+_WATCHDOG = """\
+import os, signal, subprocess, sys, time
+parent = int(sys.argv[1])
+child = subprocess.Popen(sys.argv[2:])
+while child.poll() is None:
+    if os.getppid() != parent:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGTERM)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(0, signal.SIGKILL)
+    time.sleep(0.5)
+sys.exit(child.returncode if child.returncode >= 0 else 128 - child.returncode)
+"""
+
+
+def with_watchdog(cmd: list[str]) -> list[str]:
+    """``cmd`` run under the parent-death watchdog (start it with ``start_new_session=True``)."""
+    return [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *cmd]
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants ([] when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def listens_in_tree(pid: int, port: int) -> bool:
+    """True when a process of ``pid``'s tree holds the listening TCP socket on ``port``."""
+    for p in tree(pid):
+        try:
+            conns = p.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
+def _wait_ours(proc: subprocess.Popen, uri: str, port: int, deadline: float, timeout_s: float,
+               log_path: Path) -> bool:
+    """Wait until OUR server answers on ``port``: True. False when ours exited and someone else holds the port."""
+    while True:
+        if proc.poll() is not None:
+            if not port_is_free(port):
+                return False
+            raise ServiceError(f"MLflow server exited with {proc.returncode}; see {log_path}")
+        if http_ok(f"{uri}/health") and listens_in_tree(proc.pid, port):
+            return True
+        if time.monotonic() > deadline:
+            raise ServiceError(f"MLflow server not healthy after {timeout_s:.0f} s; see {log_path}")
+        time.sleep(0.3)
+
+
 @contextmanager
-def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0) -> Iterator[MlflowServer]:
-    """Use ``MLFLOW_TRACKING_URI`` if set; else start a sqlite-backed server on 127.0.0.1 and stop it after."""
+def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
+                  record_in: Path | None = None) -> Iterator[MlflowServer]:
+    """Use ``MLFLOW_TRACKING_URI`` if set; else start a sqlite-backed server on 127.0.0.1 and stop it after.
+
+    ``port`` is a preference: when something else holds it, a free port is used, and the yielded
+    ``uri`` is always that of the server started here (see the module docstring). ``record_in``:
+    the folder whose ``services.json`` records the server's processes while it runs.
+    """
     external = os.environ.get("MLFLOW_TRACKING_URI")
     if external:
         yield MlflowServer(uri=external, proc=None)
         return
     home.mkdir(parents=True, exist_ok=True)
-    if not port_is_free(port):
-        port = free_port()
     log_path = home / "mlflow-server.log"
-    with open(log_path, "ab") as log:
-        # Job execution starts worker processes a sweep never uses; without them the server starts faster.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        proc = subprocess.Popen(_mlflow_cmd(home, "127.0.0.1", port), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=home, env=env)
-    uri = f"http://127.0.0.1:{port}"
+    # Job execution starts worker processes a sweep never uses; without them the server starts faster.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    deadline = time.monotonic() + timeout_s
+    proc: subprocess.Popen | None = None
+    recorded: set[int] = set()
     try:
-        deadline = time.monotonic() + timeout_s
-        while not http_ok(f"{uri}/health"):
-            if proc.poll() is not None:
-                raise ServiceError(f"MLflow server exited with {proc.returncode}; see {log_path}")
-            if time.monotonic() > deadline:
-                raise ServiceError(f"MLflow server not healthy after {timeout_s:.0f} s; see {log_path}")
-            time.sleep(0.3)
+        for _ in range(3):  # a port taken between our check and the server's bind: try another
+            if not port_is_free(port):
+                port = free_port()
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(with_watchdog(_mlflow_cmd(home, "127.0.0.1", port)), stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=home, env=env)
+            if record_in is not None and survivors.record(record_in, "mlflow watchdog", proc.pid):
+                recorded.add(proc.pid)
+            uri = f"http://127.0.0.1:{port}"
+            if _wait_ours(proc, uri, port, deadline, timeout_s, log_path):
+                break
+            kill_group(proc)
+            port = free_port()
+        else:
+            raise ServiceError(f"MLflow server could not bind a port (3 tries); see {log_path}")
+        if record_in is not None:  # the server and its workers, so a reap finds them if the leader is gone
+            for p in tree(proc.pid)[1:]:
+                if survivors.record(record_in, "mlflow", p.pid):
+                    recorded.add(p.pid)
         yield MlflowServer(uri=uri, proc=proc, log_path=log_path)
     finally:
-        kill_group(proc)
+        if proc is not None:
+            kill_group(proc)
+        for pid in recorded:
+            survivors.forget(record_in, pid)
 
 
 def ui_command(home: Path, port: int = 5000) -> str:
@@ -103,21 +202,50 @@ def ui_command(home: Path, port: int = 5000) -> str:
     return f"{cmd} ui --home {home}  (then open http://127.0.0.1:{port})"
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _handlers() -> dict[int, object]:
+    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+def _restore(saved: dict[int, object]) -> None:
+    """Put back the signal handlers ``ray.init`` replaced.
+
+    ``ray.init`` makes SIGTERM call ``sys.exit(15)``, and its core worker adds a C++ failure
+    handler (it prints ``*** SIGTERM received``) that ends the process with SIGABRT after our
+    unwinding; ``signal.signal`` re-installs the caller's handler at the C level, over both.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @contextmanager
 def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
     """Connect to ``RAY_ADDRESS`` if set, else start a local Ray; shut it down after."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ctx = ray.init(address=address, log_to_driver=False)
-    else:
-        ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                       configure_logging=False)
+    saved = _handlers()
+    try:
+        if address:
+            ctx = ray.init(address=address, log_to_driver=False)
+        else:
+            ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                           configure_logging=False)
+    except BaseException:  # interrupted half-way: stop what it started
+        _restore(saved)
+        ray.shutdown()
+        raise
+    _restore(saved)
     try:
         yield {"address": getattr(ctx, "address_info", {}).get("address", address or "local")}
     finally:
         ray.shutdown()
 
 
-__all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "mlflow_server", "ray_cluster", "ui_command"]
+__all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "listens_in_tree", "mlflow_server", "ray_cluster",
+           "tree", "ui_command", "with_watchdog"]

@@ -5,7 +5,9 @@ MLflow layout (one experiment, default name = the sweep name):
 * **Parent run** per sweep, named after it; tags ``sweep``, ``orchestrator.kind=sweep``,
   ``git_commit``; params = the grid; artifacts ``spec.yaml`` (when the file is known),
   ``spec.json`` (resolved) and the plan table ``plan.json``. Re-running the sweep
-  re-attaches to it by the ``sweep`` tag instead of creating another.
+  re-attaches to it by the ``sweep`` tag instead of creating another. At the sweep's end it
+  is FINISHED when every planned trial has a final (FINISHED or FAILED) run, else KILLED (the
+  sweep was interrupted: Ctrl-C, SIGTERM); a later run marks it RUNNING again.
 * **Child run** per trial result, nested with ``mlflow.parentRunId``; tags ``trial_id``,
   ``sweep``, ``orchestrator.kind=trial``, ``error_kind`` (+ ``error_message``),
   ``superseded``; params written once at creation; metrics (summary at step 0,
@@ -34,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
@@ -209,8 +211,14 @@ def upload_trial(client: MlflowClient, experiment_id: str, parent_run_id: str, e
     return run_id
 
 
-def _finish_parent(client: MlflowClient, experiment_id: str, parent_run_id: str, sweep: str) -> None:
-    """Count the sweep's latest trial runs into parent metrics and mark the parent FINISHED."""
+def _finish_parent(client: MlflowClient, experiment_id: str, parent_run_id: str, sweep: str,
+                   planned: Iterable[str] | None = None) -> str:
+    """Count the sweep's latest trial runs into parent metrics and end the parent; returns its status.
+
+    FINISHED when every planned trial ended (a FINISHED or FAILED run), else KILLED: the sweep
+    was interrupted (Ctrl-C, SIGTERM) with trials left; its next run re-opens the parent.
+    ``planned`` None (an old outbox without the plan) counts as complete.
+    """
     runs = _search_all(client, experiment_id, f"tags.sweep = '{sweep}' and {_TRIAL_KIND} "
                                               "and tags.superseded = 'false'")
     finished = sum(r.info.status == "FINISHED" for r in runs)
@@ -218,7 +226,16 @@ def _finish_parent(client: MlflowClient, experiment_id: str, parent_run_id: str,
     now = int(time.time() * 1000)
     client.log_batch(parent_run_id, metrics=[Metric("trials_finished", finished, now, 0),
                                              Metric("trials_failed", failed, now, 0)])
-    client.set_terminated(parent_run_id, "FINISHED")
+    ended = {r.data.tags.get("trial_id") for r in runs if r.info.status in ("FINISHED", "FAILED")}
+    status = "FINISHED" if planned is None or set(planned) <= ended else "KILLED"
+    client.set_terminated(parent_run_id, status)
+    return status
+
+
+def _planned(sweep: Mapping[str, Any]) -> list[str] | None:
+    """The trial ids of a sweep payload's plan table (None when it has none)."""
+    rows = sweep.get("plan") or []
+    return [r["trial_id"] for r in rows] if rows else None
 
 
 class MlflowTracker(Callback):
@@ -323,7 +340,9 @@ class MlflowTracker(Callback):
                     exp_id, parent = self._attach(reopen=False)
                     self._flush_outbox(sweep)
                     if not outbox.pending(self.outbox_dir, sweep):
-                        _finish_parent(self.client, exp_id, parent, sweep)
+                        status = _finish_parent(self.client, exp_id, parent, sweep, [t.trial_id for t in plan.trials])
+                        if status != "FINISHED":
+                            log.warning("sweep %s ended with trials left: its MLflow run is %s", sweep, status)
                         outbox.clear_sweep_end(self.outbox_dir, sweep)
                         outbox.remove_sweep_if_empty(self.outbox_dir, sweep)
                         return
@@ -392,7 +411,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
                     uploaded += 1
                 outbox.discard(entry.path)
             if outbox.read_sweep_end(outbox_dir, sweep) is not None:
-                _finish_parent(client, exp_id, parent, sweep)
+                _finish_parent(client, exp_id, parent, sweep, _planned(info))
                 outbox.clear_sweep_end(outbox_dir, sweep)
             outbox.remove_sweep_if_empty(outbox_dir, sweep)
         except Exception as exc:  # noqa: BLE001 (keep the rest for the next sync)

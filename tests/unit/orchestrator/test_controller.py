@@ -22,9 +22,11 @@ class FakeExecutor:
     def __init__(self, outcomes):
         self.outcomes = outcomes  # cores -> list of ErrorKind (NONE = success), consumed in order
         self.calls = []
+        self.attempts = []  # (cores, attempt) per call
 
-    def execute(self, trial):
+    def execute(self, trial, *, attempt=1):
         self.calls.append(trial.cores)
+        self.attempts.append((trial.cores, attempt))
         kind = self.outcomes.get(trial.cores, [ErrorKind.NONE]).pop(0) if self.outcomes.get(trial.cores) \
             else ErrorKind.NONE
         if kind is ErrorKind.NONE:
@@ -70,6 +72,7 @@ def test_retryable_failure_is_retried_then_succeeds():
     c = SweepController(plan(max_failures=1), ex)
     results = c.run()
     assert ex.calls == [1, 2, 2, 3]
+    assert ex.attempts == [(1, 1), (2, 1), (2, 2), (3, 1)]  # each attempt is numbered for its own folder
     assert all(r.ok for r in results)
     t2 = c.trials[plan().trials[1].trial_id]
     assert t2.attempts == 2 and TrialState.RETRYING in t2.history
@@ -103,6 +106,19 @@ def test_resume_skips_finished_trials():
     results = c.run()
     assert ex.calls == [2] and len(results) == 1
     assert c.trials[p.trials[0].trial_id].state is TrialState.SKIPPED
+
+
+def test_interrupt_still_ends_the_sweep_for_observers_then_unwinds():
+    class Interrupting(FakeExecutor):
+        def execute(self, trial, *, attempt=1):
+            if trial.cores == 2:
+                raise KeyboardInterrupt("signal 15")
+            return super().execute(trial, attempt=attempt)
+
+    rec = Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        SweepController(plan(), Interrupting({}), observers=[rec]).run()
+    assert rec.events == ["start", "trial1", "result1:COMPLETED", "trial2", "end"]
 
 
 def test_state_machine_rejects_illegal_moves():

@@ -1,0 +1,233 @@
+"""One run per home, survivors of a dead run, services that prove they are ours, and the cli's exit on signals.
+
+Small real processes (``sleep``, a python child) stand in for MLflow and vLLM; no Ray, no MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator import survivors
+from orchestrator.homelock import HomeBusy, holder, home_lock
+from orchestrator.services import _handlers, _restore, listens_in_tree, tree, with_watchdog
+
+ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.timeout(60)
+
+
+def _python(code: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def _wait_line(proc: subprocess.Popen, want: str, timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if want in line:
+            return line
+    raise AssertionError(f"no {want!r} from the child; it said: {''.join(seen)[-2000:]}")
+
+
+def _gone(pids: list[int], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---------------------------------------------------------------- the lock
+def test_a_second_run_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken(tmp_path: Path):
+    child = _python(f"""
+        import time
+        from orchestrator.homelock import home_lock
+        with home_lock({str(tmp_path)!r}):
+            print("locked", flush=True)
+            time.sleep(60)
+    """)
+    try:
+        _wait_line(child, "locked")
+        with pytest.raises(HomeBusy) as busy:
+            with home_lock(tmp_path):
+                pass
+        assert busy.value.holder["pid"] == child.pid
+        assert f"pid {child.pid}" in str(busy.value)
+    finally:
+        child.kill()  # SIGKILL: no finally runs, run.pid stays behind
+        child.wait()
+    assert holder(tmp_path)["pid"] == child.pid  # stale, but the kernel dropped the lock
+    with home_lock(tmp_path) as me:
+        assert me["pid"] == os.getpid() and holder(tmp_path)["pid"] == os.getpid()
+    assert holder(tmp_path) is None  # released: run.pid removed, run.lock kept
+    assert (tmp_path / "run.lock").exists()
+
+
+def test_the_lock_is_exclusive_within_one_process_too(tmp_path: Path):
+    with home_lock(tmp_path):
+        with pytest.raises(HomeBusy):
+            with home_lock(tmp_path):
+                pass
+
+
+# ---------------------------------------------------------------- survivors
+def test_reap_ends_a_recorded_survivor_and_its_group(tmp_path: Path):
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(tree(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [p.pid for p in tree(leader.pid)]
+        assert len(pids) == 2
+        assert survivors.record(tmp_path, "vllm", leader.pid)["pgid"] == leader.pid
+        lines = survivors.reap(tmp_path, grace_s=5)
+        leader.wait(timeout=5)
+        assert _gone(pids)
+        assert len(lines) == 2 and all(line.startswith("ended vllm pid ") for line in lines)
+        assert any(f"pid {leader.pid} " in line for line in lines)
+        assert survivors.recorded(tmp_path) == []
+    finally:
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+
+
+def test_reap_never_touches_a_recycled_pid(tmp_path: Path):
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        survivors.record(tmp_path, "mlflow", other.pid)
+        data = json.loads((tmp_path / survivors.FILE).read_text())
+        data["processes"][0]["create_time"] -= 5.0  # the recorded process started earlier: not this one
+        (tmp_path / survivors.FILE).write_text(json.dumps(data))
+        assert survivors.reap(tmp_path, grace_s=1) == []
+        assert other.poll() is None
+        assert survivors.recorded(tmp_path) == []  # the stale entry is dropped
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_forget_and_dead_entries(tmp_path: Path):
+    p = subprocess.Popen(["sleep", "60"])
+    survivors.record(tmp_path, "vllm", p.pid)
+    survivors.record(tmp_path, "vllm", os.getpid())
+    survivors.forget(tmp_path, p.pid)
+    survivors.forget(tmp_path, p.pid)  # idempotent
+    assert [e["pid"] for e in survivors.recorded(tmp_path)] == [os.getpid()]
+    assert survivors.reap(tmp_path) == []  # never ourselves
+    p.kill()
+    p.wait()
+    assert survivors.record(tmp_path, "vllm", p.pid) is None  # gone: nothing to record
+
+
+# ---------------------------------------------------------------- services
+def test_the_listener_must_be_in_our_tree(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        stranger = subprocess.Popen(["sleep", "60"])
+        try:
+            assert listens_in_tree(os.getpid(), port)  # this process holds it
+            assert not listens_in_tree(stranger.pid, port)  # someone answering on the port is not enough
+        finally:
+            stranger.kill()
+            stranger.wait()
+    assert not listens_in_tree(os.getpid(), port)
+
+
+def test_the_watchdog_ends_the_group_when_the_driver_is_killed():
+    driver = _python("""
+        import subprocess, time
+        from orchestrator.services import with_watchdog
+        p = subprocess.Popen(with_watchdog(["sh", "-c", "sleep 60 & wait"]), start_new_session=True)
+        print("watchdog", p.pid, flush=True)
+        time.sleep(60)
+    """)
+    try:
+        wd = int(_wait_line(driver, "watchdog").split()[1])
+        deadline = time.monotonic() + 10
+        while len(tree(wd)) < 3 and time.monotonic() < deadline:  # watchdog, sh, sleep
+            time.sleep(0.05)
+        pids = [p.pid for p in tree(wd)]
+        assert len(pids) == 3
+    finally:
+        driver.kill()  # SIGKILL: the driver runs no cleanup at all
+        driver.wait()
+    assert _gone(pids, timeout_s=10), [p.cmdline() for p in map(psutil.Process, pids) if psutil.pid_exists(p)]
+
+
+def test_the_watchdog_passes_the_exit_code_through():
+    proc = subprocess.run(with_watchdog(["sh", "-c", "exit 3"]), timeout=20)
+    assert proc.returncode == 3
+
+
+def test_signal_handlers_replaced_by_ray_init_are_put_back():
+    def ours(signum, frame):  # pragma: no cover (never called)
+        pass
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        saved = _handlers()
+        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(s))  # what ray.init does
+        _restore(saved)
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+# ---------------------------------------------------------------- the cli on signals
+_FAKE_RUN = """
+    import sys, time
+    import orchestrator.runner as runner
+
+    def fake_run_sweep(spec, spec_path, home, *, console, resume=True):
+        try:
+            print("running", flush=True)
+            time.sleep(60)
+            return 0
+        finally:
+            print("cleanup", flush=True)
+            time.sleep(1.0)  # a second signal lands here: it must not cut the cleanup short
+            print("cleaned", flush=True)
+
+    runner.run_sweep = fake_run_sweep
+    from orchestrator.cli import main
+    sys.argv = ["orchestrator", "run", "sweeps/smoke.yaml", "--home", sys.argv[1]]
+    main()
+"""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_cli_run_exits_128_plus_the_signal_after_its_cleanup(tmp_path: Path, sig: int, code: int):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_FAKE_RUN), str(tmp_path)], cwd=ROOT, env=env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_line(child, "running")
+        child.send_signal(sig)
+        _wait_line(child, "cleanup")
+        child.send_signal(sig)  # impatient user: ignored while the services stop
+        out, _ = child.communicate(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == code, out
+    assert "cleaned" in out and f"interrupted by {signal.Signals(sig).name}" in out
