@@ -24,6 +24,7 @@ from typing import Any
 
 import ray
 
+from orchestrator import survivors
 from orchestrator.accounting import CoreAccounting
 from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist, verify_self
 from orchestrator.hostfacts import host_facts
@@ -126,6 +127,10 @@ class ReplicaActor:
         self.trial = TrialSpec.model_validate_json(trial_json)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # workdir is <home>/node/trials/<trial_id>/attempt-<n>: models and compile caches are shared
+        # by every trial under <home>/node; <home>/services.json lists what a dead run left behind.
+        self.node_home = self.workdir.parents[2]
+        self.home = self.workdir.parents[3]
         self.replica: VllmReplica | None = None
         self.sampler: TelemetrySampler | None = None
         self.accounting: CoreAccounting | None = None
@@ -143,7 +148,7 @@ class ReplicaActor:
         """Build (or reuse) the model folder on this node; shapes are cached per name."""
         m = self.trial.model
         if m.kind == "shape":
-            return str(build_shape(m.shape, self.workdir.parent.parent / "models" / m.shape))
+            return str(build_shape(m.shape, self.node_home / "models" / m.shape))
         return m.id
 
     def start(self, cores: list[int]) -> dict[str, Any]:
@@ -151,7 +156,7 @@ class ReplicaActor:
         model_dir = self.model_dir()
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
-                              self.trial.restriction, scratch_dir=self.workdir.parent.parent / "scratch")
+                              self.trial.restriction, scratch_dir=self.node_home / "scratch")
         with self._lock:  # either stop() comes first and nothing starts, or it sees the process to kill
             if self._stopped:
                 return {"error_kind": "internal", "message": "stopped before vLLM started"}
@@ -160,6 +165,8 @@ class ReplicaActor:
                 replica.start()
             except ReplicaError as exc:
                 return {"error_kind": exc.kind.value, "message": str(exc)}
+            # So that the next run ends this server if the driver dies without stopping it.
+            survivors.record(self.home, "vllm", replica.pid)
         try:
             replica.wait_healthy(self.trial.server.startup_timeout_s)
         except ReplicaError as exc:
@@ -238,7 +245,9 @@ class ReplicaActor:
         if self.sampler is not None:
             self.sampler.stop()
         if self.replica is not None:
-            self.replica.stop()
+            report = self.replica.stop()
+            if self.replica.pid is not None and not report.get("leftover_pids"):
+                survivors.forget(self.home, self.replica.pid)
         return self.files()
 
 

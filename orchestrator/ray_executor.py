@@ -46,6 +46,9 @@ class TrialFailure(Exception):
         super().__init__(message)
         self.kind = kind
 
+    def __reduce__(self):
+        return type(self), (self.kind, str(self))
+
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
     """Ray resources that reserve the trial's node (bookkeeping; enforcement is ours)."""

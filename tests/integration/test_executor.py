@@ -64,7 +64,7 @@ def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_pat
     assert len(parse_cpulist(second.params["replica_cpus"])) == 1
     assert second.metrics["repin_s"] < 5
     assert second.metrics["requests"] > 0 and second.metrics["timeouts"] == 0
-    assert (tmp_path / "trials" / plan.trials[1].trial_id / "vllm.log").stat().st_size > 0
+    assert (tmp_path / "trials" / plan.trials[1].trial_id / "attempt-1" / "vllm.log").stat().st_size > 0
     assert _vllm_pids() == []
 
 
@@ -77,7 +77,7 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tm
     def kill_when_serving() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not killed:
-            metrics_seen = (tmp_path / "node" / "trials" / trial.trial_id / "vllm.log")
+            metrics_seen = (tmp_path / "node" / "trials" / trial.trial_id / "attempt-1" / "vllm.log")
             if metrics_seen.exists() and b"POST /v1/completions" in metrics_seen.read_bytes():
                 for pid in _vllm_pids():
                     os.kill(pid, signal.SIGKILL)
@@ -91,7 +91,7 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tm
     assert killed, "the server was never seen serving"
     assert result.status is TrialStatus.FAILED
     assert result.error_kind is ErrorKind.SERVER_DIED, result.message
-    assert (tmp_path / "trials" / trial.trial_id / "vllm.log").exists()
+    assert (tmp_path / "trials" / trial.trial_id / "attempt-1" / "vllm.log").exists()
     assert _vllm_pids() == []
 
 
@@ -130,5 +130,6 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp
         assert "replica_cores_foreign_cpu_s" in m and m["replica_tree_cpu_s"] > 0
         for key in ("cpu_model", "smt", "replica_numa_nodes", "cpu_governor", "replica_physical_cores"):
             assert p[key], key
-        checks = (tmp_path / "trials" / r.trial_id / "verified_cores.json").read_text()
-        assert '"client_end"' in checks and (tmp_path / "trials" / r.trial_id / "bare.jsonl").stat().st_size > 0
+        tdir = tmp_path / "trials" / r.trial_id / "attempt-1"
+        checks = (tdir / "verified_cores.json").read_text()
+        assert '"client_end"' in checks and (tdir / "bare.jsonl").stat().st_size > 0

@@ -217,6 +217,7 @@ def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
 
 def _boundary_exceptions():
     from orchestrator.cores import CannotFit
+    from orchestrator.ray_executor import TrialFailure
     from orchestrator.replica import ReplicaError
     from orchestrator.restrict import RestrictionError
     from orchestrator.services import ServiceError
@@ -224,16 +225,11 @@ def _boundary_exceptions():
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError
 
-    replica_xfail = pytest.mark.xfail(
-        strict=True, raises=TypeError,
-        reason="orchestrator/replica.py: ReplicaError.__init__(kind, message, log_tail) is replayed with its one "
-               "formatted message; it needs __reduce__ returning (type(self), (self.kind, self.message, "
-               "self.log_tail))")
     return [
         pytest.param(TraceError(Path("/t/trace.jsonl"), 3, "bad"), id="TraceError"),
         pytest.param(ModelError("unknown model shape 'x'"), id="ModelError"),
-        pytest.param(ReplicaError(ErrorKind.SERVER_DIED, "vLLM exited", "log tail"), id="ReplicaError",
-                     marks=replica_xfail),
+        pytest.param(ReplicaError(ErrorKind.SERVER_DIED, "vLLM exited", "log tail"), id="ReplicaError"),
+        pytest.param(TrialFailure(ErrorKind.CONFIG, "no such trace file"), id="TrialFailure"),
         pytest.param(RestrictionError("cannot write cpuset.cpus"), id="RestrictionError"),
         pytest.param(CannotFit("node has 2 cores"), id="CannotFit"),
         pytest.param(SpecError("invalid sweep spec\n  x.yaml:2: models: bad"), id="SpecError"),
