@@ -98,7 +98,7 @@ def _plan(name: str, cores: list[int]) -> SweepPlan:
     return expand(parse_spec({
         "name": name,
         "description": f"integration sweep {name}",
-        "models": [{"kind": "shape", "name": "tiny-llama", "shape": "tiny"}],
+        "models": [{"kind": "shape", "name": "tiny-llama", "shape": "tiny-llama"}],
         "workloads": [{"kind": "agentic", "name": "agentic-short", "sessions": 2, "turns": 2}],
         "grid": {"cores": cores, "vllm": [{"name": "default", "args": ["--enforce-eager"]}]},
     }))
