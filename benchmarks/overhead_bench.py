@@ -125,12 +125,9 @@ def reset_prefix_cache(base_url: str, log_hint: str = "") -> None:
 
 
 def pin_self(cpus: frozenset[int]) -> None:
-    os.sched_setaffinity(0, cpus)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
+    from workloads.bare import pin
+
+    pin(set(cpus))
 
 
 def one_window(cfg: Config, spec: AgenticWorkload, *, base_url: str, model: str, tokenizer: str,

@@ -10,7 +10,6 @@ Files produced on the node travel back as bytes, so the driver needs no shared d
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import subprocess
@@ -74,14 +73,11 @@ def core_agent(node_id: str) -> Any:
 
 
 def pin_process(cpus: list[int]) -> None:
-    """Pin this process and every thread it has now to ``cpus`` (threads started later inherit it).
-    Ray starts its own threads before any actor method runs, so the process mask alone is not enough."""
-    os.sched_setaffinity(0, cpus)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that ended meanwhile
-            pass
+    """Pin this process and every thread it has now to ``cpus``: Ray starts its own threads before
+    any actor method runs, so the process mask alone is not enough."""
+    from workloads.bare import pin
+
+    pin(set(cpus))
 
 
 def reset_prefix_cache(base_url: str, attempts: int = 20, wait_s: float = 0.25) -> bool:

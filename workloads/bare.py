@@ -92,10 +92,14 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def pin(cpus: set[int]) -> None:
-    """Pin this process and every thread it has to ``cpus`` (threads started later inherit it)."""
+    """Pin this process and every thread it has to ``cpus`` (threads started later inherit it).
+    The one implementation: the workload actor and the overhead benchmark call it too."""
     os.sched_setaffinity(0, cpus)
     for tid in os.listdir("/proc/self/task"):
-        os.sched_setaffinity(int(tid), cpus)
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def load_workload(path: str) -> Any:
