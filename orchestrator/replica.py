@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from orchestrator.cores import format_cpulist, thread_env
+from orchestrator.lifeline import with_watchdog
 from orchestrator.net import free_port, http_ok, port_is_free
 from orchestrator.plan import TrialSpec
 from orchestrator.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
@@ -216,7 +217,10 @@ class VllmReplica:
         except RestrictionError as exc:
             self.restriction.cleanup()
             raise ReplicaError(ErrorKind.INTERNAL, f"cannot set up {self.mode_used} restriction: {exc}") from None
-        cmd = self.restriction.wrap(self.resolved_args, self.python)
+        # The launcher restricts itself and execs the watchdog, which runs vLLM as its child: restricted from
+        # the first instruction, and ended with its workers when this process (the actor) dies.
+        cmd = self.restriction.wrap(with_watchdog(self.resolved_args, python=self.python,
+                                                  grace_s=self.stop_grace_s), self.python)
         env = {**os.environ, **self.env_recorded}
         self.started_at = time.monotonic()
         with open(self.log_path, "ab") as log:

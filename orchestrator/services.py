@@ -13,12 +13,10 @@ Two guards for runs that end badly or overlap:
   listening socket on that port belongs to our Popen's process tree (psutil
   ``net_connections``); no token has to travel through MLflow. If ours exits because someone
   else took the port, it is started again on a free port.
-* **Nothing outlives the run.** The server is started under a small watchdog, the leader of its
-  process group: when the driver dies (even by SIGKILL, which runs no ``finally``) the watchdog
-  sees its parent change and ends the group. It polls ``getppid()`` rather than using
-  ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked exits and reaches only the
-  direct child, not MLflow's uvicorn grandchild. With ``record_in`` every process of the group is
-  also written to ``services.json`` (:mod:`orchestrator.survivors`), for the next run to reap.
+* **Nothing outlives the run.** The server is started under the watchdog of
+  :mod:`orchestrator.lifeline`: when the driver dies (even by SIGKILL, which runs no ``finally``)
+  the watchdog ends the server's group. With ``record_in`` every process of the group is also
+  written to ``services.json`` (:mod:`orchestrator.survivors`), for the next run to reap.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from typing import Iterator
 import psutil
 
 from orchestrator import survivors
+from orchestrator.lifeline import with_watchdog
 from orchestrator.net import free_port, http_ok, port_is_free
 
 
@@ -80,31 +79,6 @@ def _mlflow_cmd(home: Path, host: str, port: int) -> list[str]:
         "--artifacts-destination", str((home / "artifacts").resolve()),
         "--serve-artifacts", "--host", host, "--port", str(port), "--workers", "1",
     ]
-
-
-# argv: driver pid, then the server's command. The group leader: runs the server as its child, exits
-# with the server's code, and ends the whole group (the server, its workers, itself) if the driver dies.
-_WATCHDOG = """\
-import os, signal, subprocess, sys, time
-parent = int(sys.argv[1])
-child = subprocess.Popen(sys.argv[2:])
-while child.poll() is None:
-    if os.getppid() != parent:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        os.killpg(0, signal.SIGTERM)
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        os.killpg(0, signal.SIGKILL)
-    time.sleep(0.5)
-sys.exit(child.returncode if child.returncode >= 0 else 128 - child.returncode)
-"""
-
-
-def with_watchdog(cmd: list[str]) -> list[str]:
-    """``cmd`` run under the parent-death watchdog (start it with ``start_new_session=True``)."""
-    return [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *cmd]
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -223,9 +197,24 @@ def _restore(saved: dict[int, object]) -> None:
             signal.signal(sig, handler)
 
 
+# Ray's own switch for a single-machine "cluster": the node's address is the loopback one, and every
+# server Ray starts (GCS, raylet, object manager, core workers, dashboard and runtime-env agents)
+# binds to it. Without it ``ray.init`` turns even ``_node_ip_address="127.0.0.1"`` into the host's
+# external address, and its gRPC servers listen on every interface.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _ray_on_loopback() -> None:
+    """Make the local Ray started next listen on 127.0.0.1 only (children inherit the setting)."""
+    from ray._private import ray_constants
+
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; ray may already be imported
+
+
 @contextmanager
 def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
-    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray; shut it down after."""
+    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray on loopback only; shut it down after."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS")
@@ -234,6 +223,7 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
         if address:
             ctx = ray.init(address=address, log_to_driver=False)
         else:
+            _ray_on_loopback()
             ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
                            configure_logging=False)
     except BaseException:  # interrupted half-way: stop what it started
@@ -248,4 +238,4 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
 
 
 __all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "listens_in_tree", "mlflow_server", "ray_cluster",
-           "tree", "ui_command", "with_watchdog"]
+           "tree", "ui_command"]

@@ -236,13 +236,37 @@ def _line_of(node: Any, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+_TAGGED = ("models", "workloads")  # lists of tagged unions: pydantic puts the item's tag into the error location
+
+
+def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The error location as the YAML has it: without the union tag pydantic inserts after a list index
+    (``models.0.shape.shape`` is the ``shape`` field of ``models[0]``)."""
+    out: list[Any] = []
+    for i, part in enumerate(loc):
+        if i >= 2 and isinstance(loc[i - 1], int) and loc[i - 2] in _TAGGED and len(out) == i:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _root_causes(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop a list's "too short" error that only repeats an item's own error: an invalid item is left out
+    before the length is checked, so a list whose only item is bad also reads as empty."""
+    locs = [e["loc"] for e in errors]
+    return [e for e in errors
+            if not (e["type"] == "too_short" and any(len(o) > len(e["loc"]) and o[:len(e["loc"])] == e["loc"]
+                                                     for o in locs))]
+
+
 def parse_spec(data: Any, source: str = "<spec>", *, yaml_root: Any = None) -> SweepSpec:
-    """Validate already-parsed YAML data; errors name the source, the line where known, and each bad field."""
+    """Validate already-parsed YAML data; errors name the source, the line where known, and each bad field,
+    one line per root cause."""
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
         lines = []
-        for e in exc.errors():
+        for e in _root_causes([{**e, "loc": _field_loc(e["loc"])} for e in exc.errors()]):
             line = _line_of(yaml_root, e["loc"]) if yaml_root is not None else None
             where = f"{source}:{line}" if line else source
             lines.append(f"{where}: {_locate(e['loc'])}: {e['msg']}")

@@ -76,8 +76,20 @@ def test_plan_fails_on_an_unknown_shape_naming_file_line_and_field(tmp_path):
     sweep = write_sweep(tmp_path, models="[{name: m, shape: llama-9000}]")
     result, took = invoke("plan", str(sweep))
     assert result.exit_code == 2, result.output
-    assert f"{sweep}:2: models.0.shape.shape: Value error, unknown model shape 'llama-9000'; known: " in result.output
+    assert f"{sweep}:2: models.0.shape: Value error, unknown model shape 'llama-9000'; known: " in result.output
     assert "tiny-llama" in result.output and "Traceback" not in result.output and took < 5
+    # one line per root cause: the list left empty by its only bad item is not a second error
+    assert "at least 1 item" not in result.output and result.output.count(f"{sweep}:") == 1
+
+
+def test_a_bad_workload_field_names_its_own_line_without_the_union_tag(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: x\nmodels: [{name: m, shape: tiny-llama}]\nworkloads:\n  - name: w\n    kind: agentic\n"
+                     "    turns: 2\n    sessions: -1\ngrid: {cores: [1]}\n")
+    result, _ = invoke("plan", str(sweep))
+    assert result.exit_code == 2, result.output
+    assert f"{sweep}:7: workloads.0.sessions: Input should be greater than or equal to 1" in result.output
+    assert "agentic.sessions" not in result.output and "at least 1 item" not in result.output
 
 
 def test_plan_reports_every_problem_not_just_the_first(tmp_path):

@@ -20,7 +20,8 @@ import pytest
 
 from orchestrator import survivors
 from orchestrator.homelock import HomeBusy, holder, home_lock
-from orchestrator.services import _handlers, _restore, listens_in_tree, tree, with_watchdog
+from orchestrator.lifeline import with_watchdog
+from orchestrator.services import _handlers, _restore, listens_in_tree, tree
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(60)
@@ -156,7 +157,7 @@ def test_the_listener_must_be_in_our_tree(tmp_path: Path):
 def test_the_watchdog_ends_the_group_when_the_driver_is_killed():
     driver = _python("""
         import subprocess, time
-        from orchestrator.services import with_watchdog
+        from orchestrator.lifeline import with_watchdog
         p = subprocess.Popen(with_watchdog(["sh", "-c", "sleep 60 & wait"]), start_new_session=True)
         print("watchdog", p.pid, flush=True)
         time.sleep(60)

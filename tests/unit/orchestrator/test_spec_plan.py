@@ -101,7 +101,7 @@ def test_unknown_shape_is_a_spec_error_with_file_line_and_field(tmp_path):
                  "workloads: [{name: w, kind: agentic, sessions: 1, turns: 1}]\ngrid: {cores: [1]}\n")
     with pytest.raises(SpecError) as err:
         load_spec(f)
-    assert f"{f}:4: models.0.shape.shape: Value error, unknown model shape 'llama-9000'; known: llama-3.1-70b, " \
+    assert f"{f}:4: models.0.shape: Value error, unknown model shape 'llama-9000'; known: llama-3.1-70b, " \
            "llama-3.1-8b, qwen3-30b-a3b, tiny-llama" in str(err.value)
 
 
