@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from orchestrator.cores import format_cpulist, thread_env
-from orchestrator.lifeline import with_watchdog
+from orchestrator.lifeline import Lifeline
 from orchestrator.net import free_port, http_ok, port_is_free
 from orchestrator.plan import TrialSpec
 from orchestrator.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
@@ -176,6 +176,7 @@ class VllmReplica:
         self.restriction = Restriction(f"{trial.trial_id}-{port}", self.mode_used, self.cores)
         self.log_path = self.workdir / "vllm.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.lifeline: Lifeline | None = None
         self.started_at = 0.0
         self.healthy_after_s: float | None = None
         self.stop_report: dict[str, Any] | None = None
@@ -217,10 +218,10 @@ class VllmReplica:
         except RestrictionError as exc:
             self.restriction.cleanup()
             raise ReplicaError(ErrorKind.INTERNAL, f"cannot set up {self.mode_used} restriction: {exc}") from None
-        # The launcher restricts itself and execs the watchdog, which runs vLLM as its child: restricted from
-        # the first instruction, and ended with its workers when this process (the actor) dies.
-        cmd = self.restriction.wrap(with_watchdog(self.resolved_args, python=self.python,
-                                                  grace_s=self.stop_grace_s), self.python)
+        # The launcher restricts itself, the lifeline's prelude forks vLLM's watchdog, then vLLM is exec'd in
+        # place: restricted from the first instruction, and ended with its workers when this actor dies.
+        self.lifeline = Lifeline(grace_s=self.stop_grace_s)
+        cmd = self.restriction.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
         env = {**os.environ, **self.env_recorded}
         self.started_at = time.monotonic()
         with open(self.log_path, "ab") as log:
@@ -228,7 +229,9 @@ class VllmReplica:
                       .encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=str(self.workdir), start_new_session=True)
+                                         env=env, cwd=str(self.workdir), start_new_session=True,
+                                         pass_fds=self.lifeline.pass_fds)
+        self.lifeline.started()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -333,6 +336,8 @@ class VllmReplica:
                 self.proc.wait(timeout=5)
             report["leftover_pids"] = [p.pid for p in self._group_members(pgid)]
             report["exit_code"] = self.proc.returncode
+        if self.lifeline is not None:
+            self.lifeline.cut()
         try:
             self.restriction.cleanup()
         except RestrictionError as exc:

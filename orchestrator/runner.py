@@ -103,7 +103,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
 
     plan: SweepPlan = expand(spec)
     console.print(f"sweep {spec.name}: {len(plan)} trials; state in {home}")
-    with mlflow_server(home / "mlflow", record_in=home) as ml, ray_cluster():
+    with mlflow_server(home / "mlflow", record_in=home) as ml, ray_cluster(record_in=home):
         console.print(f"MLflow tracking at {ml.uri}")
         tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
         executor = RayTrialExecutor(home, plan=plan)

@@ -35,7 +35,7 @@ from typing import Iterator
 import psutil
 
 from orchestrator import survivors
-from orchestrator.lifeline import with_watchdog
+from orchestrator.lifeline import Guardian, Lifeline
 from orchestrator.net import free_port, http_ok, port_is_free
 
 
@@ -136,21 +136,25 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     deadline = time.monotonic() + timeout_s
     proc: subprocess.Popen | None = None
+    line: Lifeline | None = None
     recorded: set[int] = set()
     try:
         for _ in range(3):  # a port taken between our check and the server's bind: try another
             if not port_is_free(port):
                 port = free_port()
+            line = Lifeline()
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen(with_watchdog(_mlflow_cmd(home, "127.0.0.1", port)), stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(line.wrap(_mlflow_cmd(home, "127.0.0.1", port)), stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=line.pass_fds,
                                         start_new_session=True, cwd=home, env=env)
-            if record_in is not None and survivors.record(record_in, "mlflow watchdog", proc.pid):
+            line.started()
+            if record_in is not None and survivors.record(record_in, "mlflow", proc.pid):
                 recorded.add(proc.pid)
             uri = f"http://127.0.0.1:{port}"
             if _wait_ours(proc, uri, port, deadline, timeout_s, log_path):
                 break
             kill_group(proc)
+            line.cut()
             port = free_port()
         else:
             raise ServiceError(f"MLflow server could not bind a port (3 tries); see {log_path}")
@@ -162,6 +166,8 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
     finally:
         if proc is not None:
             kill_group(proc)
+        if line is not None:
+            line.cut()
         for pid in recorded:
             survivors.forget(record_in, pid)
 
@@ -212,29 +218,61 @@ def _ray_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; ray may already be imported
 
 
+def _ray_processes() -> list[psutil.Process]:
+    """The local Ray head ``ray.init`` started: our descendants in our own session (the servers we start
+    ourselves, MLflow and the guardian, each have their own session)."""
+    sid = os.getsid(0)
+    out = []
+    for p in tree(os.getpid())[1:]:
+        try:
+            if os.getsid(p.pid) == sid:
+                out.append(p)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
 @contextmanager
-def ray_cluster(num_cpus: int | None = None) -> Iterator[dict]:
-    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray on loopback only; shut it down after."""
+def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -> Iterator[dict]:
+    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray on loopback only; shut it down after.
+
+    A local Ray's processes are handed to a :class:`~orchestrator.lifeline.Guardian`, which ends what
+    is left of them when this process dies (or after ``ray.shutdown()``, which leaves its agents
+    behind for a while); with ``record_in`` they are also in ``services.json`` for the next run."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS")
     saved = _handlers()
+    guardian: Guardian | None = None
+    recorded: list[int] = []
     try:
         if address:
             ctx = ray.init(address=address, log_to_driver=False)
         else:
             _ray_on_loopback()
+            guardian = Guardian()
             ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
                            configure_logging=False)
+            entries = [e for p in _ray_processes() if (e := survivors.entry_of("ray", p.pid, group=False))]
+            guardian.watch(entries)
+            for e in entries:
+                if record_in is not None and survivors.record(record_in, "ray", e["pid"], group=False):
+                    recorded.append(e["pid"])
     except BaseException:  # interrupted half-way: stop what it started
         _restore(saved)
         ray.shutdown()
+        if guardian is not None:
+            guardian.close()
         raise
     _restore(saved)
     try:
         yield {"address": getattr(ctx, "address_info", {}).get("address", address or "local")}
     finally:
         ray.shutdown()
+        if guardian is not None:
+            guardian.close()
+        for pid in recorded:
+            survivors.forget(record_in, pid)
 
 
 __all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "listens_in_tree", "mlflow_server", "ray_cluster",

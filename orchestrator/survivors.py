@@ -68,15 +68,12 @@ def recorded(home: Path) -> list[dict[str, Any]]:
         return [dict(e) for e in entries]
 
 
-def record(home: Path, role: str, pid: int) -> dict[str, Any] | None:
+def record(home: Path, role: str, pid: int, *, group: bool = True) -> dict[str, Any] | None:
     """Write down process ``pid`` (a service of ``role``: "mlflow", "vllm", ...) with its start time,
-    process group and command. Returns the entry, or None when the process is already gone."""
-    try:
-        p = psutil.Process(pid)
-        with p.oneshot():
-            entry = {"role": role, "pid": pid, "create_time": p.create_time(), "pgid": os.getpgid(pid),
-                     "cmd": " ".join(p.cmdline())[:500], "recorded_by": os.getpid(), "recorded_at": time.time()}
-    except (psutil.NoSuchProcess, ProcessLookupError):
+    process group and command. Returns the entry, or None when the process is already gone.
+    ``group=False``: the process group is not ours (Ray's head shares the driver's), end the process only."""
+    entry = entry_of(role, pid, group=group)
+    if entry is None:
         return None
     with _locked(home) as entries:
         entries[:] = [e for e in entries if e["pid"] != pid] + [entry]
@@ -132,47 +129,67 @@ def reap(home: Path, *, grace_s: float = 10.0) -> list[str]:
     Call it only while holding the home's run lock. Entries of dead (or recycled) pids are dropped
     silently; the file is empty afterwards.
     """
-    own = {os.getpid()}
-    own_group = os.getpgrp()
-    targets: dict[int, tuple[psutil.Process, str]] = {}  # pid -> (process, role)
-    groups: dict[int, str] = {}  # pgid -> the role of the recorded process that vouches for it
     with _locked(home) as entries:
-        for e in entries:
-            p = _verified(e)
-            if p is None or p.pid in own:
-                continue
-            targets[p.pid] = (p, e.get("role", "?"))
-            try:
-                pgid = os.getpgid(p.pid)
-            except ProcessLookupError:
-                continue
-            if pgid == e.get("pgid") and pgid != own_group:
-                groups.setdefault(pgid, e.get("role", "?"))
-        for g, role in groups.items():  # members started by the recorded ones (vLLM engine cores, uvicorn)
-            for m in _group(g):
-                if m.pid not in own:
-                    targets.setdefault(m.pid, (m, role))
-        if targets:
-            lines = [_describe(p, role) for p, role in targets.values()]
-            procs = [p for p, _ in targets.values()]
-            _signal(groups, procs, signal.SIGTERM)
-            _, alive = psutil.wait_procs(procs, timeout=grace_s)
-            if alive:
-                _signal(groups, alive, signal.SIGKILL)
-                psutil.wait_procs(alive, timeout=5)
-        else:
-            lines = []
+        lines = end(entries, grace_s=grace_s)
         entries.clear()
     return lines
 
 
-def _describe(p: psutil.Process, role: str) -> str:
+def end(entries: Iterable[dict[str, Any]], *, grace_s: float = 10.0,
+        why: str = "left running by an earlier run") -> list[str]:
+    """End the processes of ``entries`` (as :func:`record` writes them) that are still the same processes,
+    with the members of their recorded process groups: SIGTERM, ``grace_s``, SIGKILL. One line per process."""
+    own = {os.getpid()}
+    own_group = os.getpgrp()
+    targets: dict[int, tuple[psutil.Process, str]] = {}  # pid -> (process, role)
+    groups: dict[int, str] = {}  # pgid -> the role of the recorded process that vouches for it
+    for e in entries:
+        p = _verified(e)
+        if p is None or p.pid in own:
+            continue
+        targets[p.pid] = (p, e.get("role", "?"))
+        try:
+            pgid = os.getpgid(p.pid)
+        except ProcessLookupError:
+            continue
+        if pgid == e.get("pgid") and pgid != own_group:
+            groups.setdefault(pgid, e.get("role", "?"))
+    for g, role in groups.items():  # members started by the recorded ones (vLLM engine cores, uvicorn)
+        for m in _group(g):
+            if m.pid not in own:
+                targets.setdefault(m.pid, (m, role))
+    if not targets:
+        return []
+    lines = [_describe(p, role, why) for p, role in targets.values()]
+    procs = [p for p, _ in targets.values()]
+    _signal(groups, procs, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    if alive:
+        _signal(groups, alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+    return lines
+
+
+def entry_of(role: str, pid: int, *, group: bool = True) -> dict[str, Any] | None:
+    """What :func:`record` writes for ``pid``: role, pid, start time, process group (None with
+    ``group=False``: not to be ended as a group), command. None when the process is gone."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            return {"role": role, "pid": pid, "create_time": p.create_time(),
+                    "pgid": os.getpgid(pid) if group else None,
+                    "cmd": " ".join(p.cmdline())[:500], "recorded_by": os.getpid(), "recorded_at": time.time()}
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError):
+        return None
+
+
+def _describe(p: psutil.Process, role: str, why: str) -> str:
     try:
         cmd = " ".join(p.cmdline())[:160]
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.create_time()))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         cmd, started = "?", "?"
-    return f"ended {role} pid {p.pid} left running by an earlier run (started {started}): {cmd}"
+    return f"ended {role} pid {p.pid} {why} (started {started}): {cmd}"
 
 
-__all__ = ["FILE", "forget", "reap", "record", "recorded"]
+__all__ = ["FILE", "end", "entry_of", "forget", "reap", "record", "recorded"]

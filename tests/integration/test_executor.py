@@ -68,8 +68,12 @@ def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_pat
     assert _vllm_pids() == []
 
 
-def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tmp_path):
-    plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=120))
+def _launches(log) -> int:
+    return log.read_text(errors="replace").count("# launch:")
+
+
+def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry_has_its_own(local_ray, tmp_path):
+    plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=25))
     trial = plan.trials[0]
     ex = RayTrialExecutor(tmp_path, plan=plan)
     killed: list[int] = []
@@ -91,7 +95,17 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log(local_ray, tm
     assert killed, "the server was never seen serving"
     assert result.status is TrialStatus.FAILED
     assert result.error_kind is ErrorKind.SERVER_DIED, result.message
-    assert (tmp_path / "trials" / trial.trial_id / "attempt-1" / "vllm.log").exists()
+    first = tmp_path / "trials" / trial.trial_id / "attempt-1"
+    assert _launches(first / "vllm.log") == 1 and (first / "error.txt").read_text().startswith("server_died")
+    assert _vllm_pids() == []  # the engine core went with the API server (the lifeline's watchdog)
+
+    retry = ex.execute(trial, attempt=2)  # what the controller does after a retryable failure
+    ex.close()
+    assert retry.ok, retry.message
+    second = tmp_path / "trials" / trial.trial_id / "attempt-2"
+    assert _launches(second / "vllm.log") == 1 and not (second / "error.txt").exists()
+    assert _launches(first / "vllm.log") == 1  # the failed attempt's folder is left as it was
+    assert retry.metrics["requests"] > 0
     assert _vllm_pids() == []
 
 

