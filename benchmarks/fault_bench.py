@@ -259,11 +259,12 @@ def two_runs(repo: Path, work: Path) -> list[Row]:
         rc_b, took_b = b.wait(900)
         b.snapshot()
         rc_a, _ = a.wait(900)
-        refused = next((ln for ln in a.lines + b.lines if "already" in ln.lower() and "pid" in ln), "")
+        refused = next((ln for ln in a.lines + b.lines if "another run holds" in ln), "")
         crashed = [r for r in (a, b) if "Traceback" in r.out()]
         rows.append({"scenario": label, "rc": f"{rc_a}/{rc_b}", "seconds": round(took_b, 1),
                      "left": len(a.left(10)) + len(b.left(10)),
-                     "seen": (refused[:120] or "both ran") + ("; a traceback" if crashed else ""), "detail": ""})
+                     "seen": (("refused: " + refused[refused.find("(pid"):][:60]) if refused else "both ran")
+                             + ("; a traceback" if crashed else ""), "detail": ""})
         a.end_leftovers()
         b.end_leftovers()
     return rows
@@ -334,25 +335,32 @@ def retry(repo: Path, work: Path) -> list[Row]:
     sweep = make_sweep(repo, work, cores=[1], window_s=30)
     home = work / "home-retry"
     r = Run(repo, ["run", str(sweep), "--home", str(home)], home).start()
-    victim = None
-    deadline = time.monotonic() + 600
-    while victim is None and time.monotonic() < deadline and r.proc.poll() is None:
-        r.snapshot()
-        for p in marked(r.marker):
-            cmd = _name(p)
-            if "vllm" in cmd and " serve" in cmd and "-c" not in cmd.split()[:3]:
-                victim = p
-        time.sleep(1)
-    # mid-window: after vLLM answers (its log says so), a few seconds into the load
-    log_seen = r.wait_for("running (attempt 1)", 60)
-    vlogs = list(home.rglob("vllm.log"))
-    t_wait = time.monotonic() + 400
+    log_seen = r.wait_for("running (attempt 1)", 300)
+    t_wait = time.monotonic() + 400  # mid-window: vLLM is up (its log says so), a few seconds into the load
     while time.monotonic() < t_wait and not any("Application startup complete" in p.read_text(errors="replace")
                                                  for p in home.rglob("vllm.log")):
+        r.snapshot()
         time.sleep(1)
     time.sleep(8)
+    victim = None
+    r.snapshot()
+    candidates = []
+    for p in r.seen.values():  # the API server, not the lifeline's watchdog
+        try:
+            cmd, started = " ".join(p.cmdline()), p.create_time()
+        except psutil.Error:
+            continue
+        candidates.append((started, p, cmd))
+    for _, p, cmd in sorted(candidates, key=lambda c: c[0]):
+        if "--max-model-len" in cmd and "select.select" not in cmd:
+            victim = p
+            break
+    vlogs = list(home.rglob("vllm.log"))
     if victim is not None:
-        victim.kill()
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            victim = None
     rc, took = r.wait(900)
     left = r.left(15)
     attempts = sorted(p.parent.name for p in home.rglob("vllm.log"))

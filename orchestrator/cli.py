@@ -56,6 +56,10 @@ def main(verbose: bool) -> None:
     signal.signal(signal.SIGINT, _terminate)
 
 
+def _with_cap(spec, max_concurrent: int | None):
+    return spec if max_concurrent is None else spec.model_copy(update={"max_concurrent_trials": max_concurrent})
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM, raised where the main thread is, so every ``finally`` runs."""
 
@@ -120,25 +124,30 @@ def plan(sweep: str) -> None:
 @click.argument("sweep", type=click.Path(dir_okay=False))
 @click.option("--home", default=None, help=HOME_HELP)
 @click.option("--fresh-sweep", is_flag=True, help="Run every trial again instead of skipping finished ones.")
-def run(sweep: str, home: str | None, fresh_sweep: bool) -> None:
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
+              help="Most trials in flight at once (overrides the sweep's max_concurrent_trials).")
+def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | None) -> None:
     """Run SWEEP: every trial on Ray, tracked in MLflow, then print the comparison.
 
-    The sweep's files are checked first (orchestrator.preflight); with an input error nothing
-    starts and the exit code is 2."""
+    Trials run concurrently, as many as the cluster holds under the sweep's placement policy
+    (one per node by default), capped by --max-concurrent. The sweep's files are checked first
+    (orchestrator.preflight); with an input error nothing starts and the exit code is 2."""
     from orchestrator.runner import run_sweep
 
-    spec = _load(sweep)
+    spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep))
 
 
 @main.command()
 @click.argument("sweep", type=click.Path(dir_okay=False))
 @click.option("--home", default=None, help=HOME_HELP)
-def resume(sweep: str, home: str | None) -> None:
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
+              help="Most trials in flight at once (overrides the sweep's max_concurrent_trials).")
+def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
     """Run the trials of SWEEP that have not finished yet (same as `run`)."""
     from orchestrator.runner import run_sweep
 
-    spec = _load(sweep)
+    spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=True))
 
 

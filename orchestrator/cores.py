@@ -62,6 +62,9 @@ def _runs(sorted_cpus: list[int]) -> list[tuple[int, int]]:
 
 # ---------------------------------------------------------------- topology
 
+NODE_CPUS_ENV = "ORCH_NODE_CPUS"
+
+
 @dataclass(frozen=True)
 class NodeTopology:
     """The cores this process may use on this node, grouped by NUMA node, and each GPU's NUMA node.
@@ -88,8 +91,13 @@ class NodeTopology:
 
     @classmethod
     def detect(cls, sysfs: str = "/sys") -> "NodeTopology":
-        """Read this node: affinity, NUMA cpulists, GPU NUMA nodes (NVML, else PCI sysfs), CPU model."""
+        """Read this node: affinity, NUMA cpulists, GPU NUMA nodes (NVML, else PCI sysfs), CPU model.
+
+        ``ORCH_NODE_CPUS`` (a cpulist) narrows the node to those cores: several simulated nodes on one
+        machine (a local multi-node Ray cluster in tests and benchmarks) then hand out disjoint cores."""
         usable = frozenset(os.sched_getaffinity(0))
+        if os.environ.get(NODE_CPUS_ENV):
+            usable &= parse_cpulist(os.environ[NODE_CPUS_ENV])
         numa: dict[int, tuple[int, ...]] = {}
         for path in sorted(glob.glob(f"{sysfs}/devices/system/node/node[0-9]*/cpulist")):
             node = int(path.rsplit("/", 2)[-2][4:])

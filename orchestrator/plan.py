@@ -144,6 +144,42 @@ def expand(spec: SweepSpec) -> SweepPlan:
     return SweepPlan(spec=spec, trials=tuple(trials))
 
 
+def replica_key(trial: TrialSpec) -> str:
+    """Trials with the same key can share one live replica: they differ only in cores or repeat."""
+    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "cores", "repeat"}))
+
+
+def start_key(trial: TrialSpec) -> str:
+    """Trials with the same key can be windows of one start (``protocol.share_start``): they differ only
+    in workload or repeat, so the same server pinned to the same cores serves them all."""
+    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "workload", "repeat"}))
+
+
+def chain_key(trial: TrialSpec) -> str | None:
+    """What a trial shares with its neighbours in the plan: a repin group's replica, a shared start; None."""
+    if trial.start == "repin":
+        return "repin:" + replica_key(trial)
+    if trial.protocol.share_start:
+        return "start:" + start_key(trial)
+    return None
+
+
+def chains(trials: list[TrialSpec] | tuple[TrialSpec, ...]) -> list[list[TrialSpec]]:
+    """The trials cut into runs that must stay together, in order, on one replica: consecutive trials
+    with the same :func:`chain_key` (a repin group, the windows of one shared start); every other
+    trial alone. Chains can run concurrently; the trials of one chain cannot."""
+    out: list[list[TrialSpec]] = []
+    last: str | None = None
+    for t in trials:
+        key = chain_key(t)
+        if out and key is not None and key == last:
+            out[-1].append(t)
+        else:
+            out.append([t])
+        last = key
+    return out
+
+
 def shuffled(trials: list[TrialSpec], seed: int) -> list[TrialSpec]:
     """A seeded random order of the fresh-start trials; each repin group (one live replica re-pinned
     down its core counts) stays in place and in order, since its trials share one server."""
@@ -169,4 +205,4 @@ def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calib
     return sorted(wanted, reverse=(start == "repin"))
 
 
-__all__ = ["SweepPlan", "TrialSpec", "expand", "shuffled", "trial_hash"]
+__all__ = ["chain_key", "chains", "replica_key", "start_key", "SweepPlan", "TrialSpec", "expand", "shuffled", "trial_hash"]

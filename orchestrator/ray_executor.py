@@ -1,8 +1,14 @@
 """RayTrialExecutor: runs one TrialSpec on a Ray cluster and returns a TrialResult.
 
-Placement: a placement group with one bundle ``{"CPU": cores, "GPU": gpus}``
-(plus the hardware's ``accelerator_type`` resource) reserves the node; the
-node's core agent then gives the replica and the client real, disjoint cores.
+Placement: the driver's :class:`~orchestrator.placement.NodeBook` picks a node of the
+trial's hardware with room under the sweep's policy (``exclusive``: one trial per node;
+``packed``: several, on disjoint cores), then a placement group with one bundle
+``{"CPU": cores, "GPU": gpus}``, pinned to that node (``bundle_label_selector`` on
+``ray.io/node-id``, STRICT_PACK), reserves it; the node's core agent then gives the replica and
+the client real, disjoint cores. A trial no node can ever hold fails at once as CANNOT_FIT.
+
+Concurrency: each :meth:`RayTrialExecutor.lane` runs one trial at a time with its own warm
+replica; the controller runs several lanes on threads (Ray's API is thread-safe).
 
 Two start modes:
 - ``fresh``: every trial starts its own vLLM, pinned from the start (compile
@@ -24,6 +30,7 @@ is no longer wanted (repin, and :meth:`RayTrialExecutor.close`).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +43,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.cores import format_cpulist
 from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
-from orchestrator.plan import SweepPlan, TrialSpec, trial_hash
+from orchestrator.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
+from orchestrator.plan import SweepPlan, TrialSpec, replica_key, start_key
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
 from orchestrator.summary import crosscheck_metrics, replay_fidelity_of, sessions_of, summarize_trial
 
@@ -51,38 +59,23 @@ class TrialFailure(Exception):
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
-    """Ray resources that reserve the trial's node (bookkeeping; enforcement is ours)."""
+    """Ray resources of the trial's placement group (bookkeeping; enforcement is ours). The node, and so
+    its hardware, is chosen by the :class:`~orchestrator.placement.NodeBook`, not by a resource."""
     bundle: dict[str, float] = {"CPU": float(cores or trial.cores)}
     if trial.gpus:
         bundle["GPU"] = float(trial.gpus)
-    if trial.hardware.lower() != "cpu":
-        bundle[f"accelerator_type:{trial.hardware}"] = 0.001
     return bundle
 
 
-def replica_key(trial: TrialSpec) -> str:
-    """Trials with the same key can share one live replica: they differ only in cores or repeat."""
-    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "cores", "repeat"}))
+def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
+    """What the trial holds on its node: the replica's cores, plus the client's when they must be its own."""
+    client = trial.client.cores if trial.client.isolation == "require" else 0
+    return Need(cores=(cores or trial.cores) + client, gpus=trial.gpus, hardware=trial.hardware)
 
 
-def start_key(trial: TrialSpec) -> str:
-    """Trials with the same key can be windows of one start (``protocol.share_start``): they differ only
-    in workload or repeat, so the same server pinned to the same cores serves them all."""
-    return trial_hash(trial.model_dump(mode="json", exclude={"trial_id", "workload", "repeat"}))
-
-
-def _fits_somewhere(bundle: dict[str, float]) -> str | None:
-    """None if some alive node could ever hold ``bundle``; else why not."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    for n in nodes:
-        res = n.get("Resources", {})
-        if all(res.get(k, 0.0) >= v for k, v in bundle.items()):
-            return None
-    have = "; ".join(
-        ", ".join(f"{k}={v:g}" for k, v in sorted(n.get("Resources", {}).items())
-                  if k in ("CPU", "GPU") or k.startswith("accelerator_type")) for n in nodes)
-    want = ", ".join(f"{k}={v:g}" for k, v in bundle.items())
-    return f"no node can hold {{{want}}}; nodes have: {have or 'none'}"
+def _inventory() -> list[Node]:
+    """The cluster's alive nodes that can run trials (a head with ``CPU: 0`` cannot)."""
+    return [Node.from_ray(n) for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
 
 
 @dataclass
@@ -95,6 +88,9 @@ class _Lease:
     replica: Any
     agent: Any
     facts: dict[str, Any]
+    book: NodeBook | None = None
+    node: str = ""
+    owner: str = ""  # this lease's name in the book
     started: bool = False
     owners: list[str] = field(default_factory=list)  # core-agent allocations to release
     closed: bool = False
@@ -123,6 +119,8 @@ class _Lease:
         ray.kill(self.replica)
         self.release_cores()
         remove_placement_group(self.pg)
+        if self.book is not None:
+            self.book.release(self.node, self.owner)
 
 
 def _write_files(tdir: Path, files: dict[str, bytes]) -> None:
@@ -131,97 +129,102 @@ def _write_files(tdir: Path, files: dict[str, bytes]) -> None:
 
 
 class RayTrialExecutor:
-    """Runs trials one at a time; ``home`` is the driver's folder for trial artifacts.
+    """Runs trials on Ray; ``home`` is the driver's folder for trial artifacts.
 
-    Give it the plan so a repin group can reserve its largest core count up front.
+    ``execute`` runs one trial at a time on a default lane; :meth:`lane` gives the controller more
+    lanes, to run trials concurrently. Give it the plan so a repin group can reserve its largest
+    core count up front, and so the placement policy is the sweep's.
     """
 
-    def __init__(self, home: Path, *, plan: SweepPlan | None = None, placement_timeout_s: float = 300.0) -> None:
+    def __init__(self, home: Path, *, plan: SweepPlan | None = None, placement_timeout_s: float = 300.0,
+                 policy: Policy | None = None) -> None:
         self.home = Path(home).resolve()
         self.placement_timeout_s = placement_timeout_s
+        self.policy: Policy = policy or (plan.spec.placement if plan else "exclusive")
+        self.book = NodeBook(_inventory, self.policy)
         self.max_cores: dict[str, int] = {}
         for t in plan.trials if plan else ():
             k = replica_key(t)
             self.max_cores[k] = max(self.max_cores.get(k, 0), t.cores)
-        self._warm: _Lease | None = None
-        self._warm_dir: Path | None = None
+        self._lanes: list[_Lane] = []
+        self._default: _Lane | None = None
+        self._seq = 0
+        self._seq_lock = threading.Lock()
 
     # ------------------------------------------------------------------ public
+    def lane(self) -> "_Lane":
+        """A new lane: runs one trial at a time, keeps its own warm replica (repin, shared start)."""
+        lane = _Lane(self)
+        self._lanes.append(lane)
+        return lane
+
     def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
-        """Run attempt ``attempt`` of ``trial``; its artifacts go to ``trials/<trial_id>/attempt-<n>/``, so a
-        retry never mixes its logs with the failed attempt's (``error.txt`` stays with the attempt that failed)."""
-        started = time.time()
-        tdir = self.home / "trials" / trial.trial_id / f"attempt-{attempt}"
-        tdir.mkdir(parents=True, exist_ok=True)
-        (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
-        repin = trial.start == "repin"
-        share = trial.protocol.share_start and trial.start == "fresh"
-        key = replica_key(trial)
-        warm = self._warm
-        if warm is not None and not ((repin and warm.key == key) or (share and warm.start_key == start_key(trial))):
-            self.close()
-        lease: _Lease | None = self._warm
-        facts: dict[str, Any] = {}
-        ok = False
-        try:
-            if lease is None:
-                lease = self._lease(trial, key, self.max_cores.get(key, trial.cores) if repin else trial.cores,
-                                    attempt=attempt)
-            facts = lease.facts
-            result = self._measure(trial, tdir, lease, started)
-            ok = result.ok
-            return result
-        except TrialFailure as exc:
-            return self._failed(trial, tdir, exc.kind, str(exc), facts, started)
-        except (RayActorError, ray.exceptions.NodeDiedError) as exc:
-            # An exception in an actor's constructor is our bug, not a lost node: never retried.
-            kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
-            return self._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
-        except RayTaskError as exc:
-            kind = _task_error_kind(exc.cause, str(exc))  # str() holds the remote traceback
-            return self._failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
-        finally:
-            if lease is not None:
-                if (repin or share) and ok:
-                    self._warm, self._warm_dir = lease, tdir
-                    _write_files(tdir, ray.get(lease.replica.files.remote()))
-                else:
-                    lease.close(tdir)
-                    if lease is self._warm:
-                        self._warm = self._warm_dir = None
+        if self._default is None:
+            self._default = self.lane()
+        return self._default.execute(trial, attempt=attempt)
+
+    def capacity(self, trials: list[TrialSpec]) -> int:
+        """How many of ``trials`` the cluster holds at once under the policy (what the controller runs)."""
+        return self.book.capacity([need_of(t, self.max_cores.get(replica_key(t)) if t.start == "repin" else None)
+                                   for t in trials])
+
+    def cancel(self) -> None:
+        """The sweep is stopping: trials waiting for a node stop waiting."""
+        self.book.cancel()
 
     def close(self) -> None:
-        """Stop a warm (repin) replica, if one is left. Safe to call more than once."""
-        if self._warm is not None:
-            self._warm.close(self._warm_dir)
-            self._warm = self._warm_dir = None
+        """Stop every lane's warm replica, if one is left. Safe to call more than once."""
+        for lane in self._lanes:
+            lane.close()
+
+    def _owner(self, trial: TrialSpec, attempt: int) -> str:
+        with self._seq_lock:
+            self._seq += 1
+            return f"{trial.trial_id}#{attempt}.{self._seq}"
 
     # ------------------------------------------------------------------ steps
     def _lease(self, trial: TrialSpec, key: str, cores: int, *, attempt: int = 1) -> _Lease:
         bundle = bundle_for(trial, cores)
-        why = _fits_somewhere(bundle)
-        if why:
-            raise TrialFailure(ErrorKind.CANNOT_FIT, why)
-        pg = placement_group([bundle], strategy="STRICT_PACK", name=f"trial-{trial.trial_id}")
+        owner = self._owner(trial, attempt)
+        t0 = time.monotonic()
+        try:
+            node = self.book.acquire(owner, need_of(trial, cores), trial_id=trial.trial_id)
+        except CannotPlace as exc:
+            raise TrialFailure(ErrorKind.CANNOT_FIT, str(exc)) from None
+        except Cancelled as exc:
+            raise TrialFailure(ErrorKind.INTERNAL, str(exc)) from None
+        waited = time.monotonic() - t0
+        pg = placement_group([bundle], strategy="STRICT_PACK", name=f"trial-{trial.trial_id}-{attempt}",
+                             bundle_label_selector=[{NODE_LABEL: node}])
         try:
             ray.get(pg.ready(), timeout=self.placement_timeout_s)
         except GetTimeoutError:
             remove_placement_group(pg)
-            raise TrialFailure(ErrorKind.CANNOT_FIT,
-                               f"placement group {bundle} not ready after {self.placement_timeout_s:.0f} s") from None
+            self.book.release(node, owner)
+            raise TrialFailure(ErrorKind.CANNOT_FIT, f"placement group {bundle} not ready on node {node[:8]} "
+                               f"after {self.placement_timeout_s:.0f} s") from None
+        except BaseException:
+            remove_placement_group(pg)
+            self.book.release(node, owner)
+            raise
+        pg_ready = time.monotonic() - t0 - waited
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
         node_dir = str(self.home / "node" / "trials" / trial.trial_id / f"attempt-{attempt}")
         replica = ReplicaActor.options(
             scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
         ).remote(trial.model_dump_json(), node_dir)
-        lease = _Lease(key, pg, strategy, replica, None, {}, start_key=start_key(trial))
+        lease = _Lease(key, pg, strategy, replica, None, {}, book=self.book, node=node, owner=owner,
+                       start_key=start_key(trial))
         try:
             lease.facts = ray.get(replica.node_facts.remote())
             lease.agent = core_agent(lease.facts["node_id"])
         except BaseException:
             ray.kill(replica)
             remove_placement_group(pg)
+            self.book.release(node, owner)
             raise
+        lease.facts.update(placement=self.policy, node_wait_s=round(waited, 3), pg_ready_s=round(pg_ready, 3),
+                           replica_actor_s=round(time.monotonic() - t0 - waited - pg_ready, 3))
         return lease
 
     def _allocate(self, trial: TrialSpec, lease: _Lease) -> dict[str, Any]:
@@ -260,6 +263,7 @@ class RayTrialExecutor:
         lease.windows += 1
         params.update(up["params"])
         params["window_on_start"] = lease.windows  # 1 = the first window after this start (or re-pin)
+        params["neighbours"] = ",".join(self.book.neighbours(lease.node, lease.owner))  # packed: who shares the node
         if shared:
             params["start_shared_with"] = lease.owners[0]
         if params.get("repinned"):
@@ -342,6 +346,69 @@ class RayTrialExecutor:
                                   started_at=started, ended_at=time.time())
 
 
+class _Lane:
+    """One trial at a time, with the warm replica a repin group or a shared start keeps between trials."""
+
+    def __init__(self, ex: RayTrialExecutor) -> None:
+        self.ex = ex
+        self._warm: _Lease | None = None
+        self._warm_dir: Path | None = None
+
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
+        """Run attempt ``attempt`` of ``trial``; its artifacts go to ``trials/<trial_id>/attempt-<n>/``, so a
+        retry never mixes its logs with the failed attempt's (``error.txt`` stays with the attempt that failed)."""
+        ex = self.ex
+        started = time.time()
+        tdir = ex.home / "trials" / trial.trial_id / f"attempt-{attempt}"
+        tdir.mkdir(parents=True, exist_ok=True)
+        (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
+        repin = trial.start == "repin"
+        share = trial.protocol.share_start and trial.start == "fresh"
+        key = replica_key(trial)
+        warm = self._warm
+        if warm is not None and not ((repin and warm.key == key) or (share and warm.start_key == start_key(trial))):
+            self.close()
+        lease: _Lease | None = self._warm
+        facts: dict[str, Any] = {}
+        ok = False
+        try:
+            if lease is None:
+                lease = ex._lease(trial, key, ex.max_cores.get(key, trial.cores) if repin else trial.cores,
+                                  attempt=attempt)
+            facts = lease.facts
+            result = ex._measure(trial, tdir, lease, started)
+            ok = result.ok
+            if not ok and result.error_kind is ErrorKind.SERVER_DIED:
+                ex.book.avoid(trial.trial_id, lease.node)
+            return result
+        except TrialFailure as exc:
+            return ex._failed(trial, tdir, exc.kind, str(exc), facts, started)
+        except (RayActorError, ray.exceptions.NodeDiedError) as exc:
+            # An exception in an actor's constructor is our bug, not a lost node: never retried.
+            kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
+            if lease is not None and kind is ErrorKind.NODE_DIED:
+                ex.book.avoid(trial.trial_id, lease.node)  # the retry goes to another node when there is one
+            return ex._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
+        except RayTaskError as exc:
+            kind = _task_error_kind(exc.cause, str(exc))  # str() holds the remote traceback
+            return ex._failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
+        finally:
+            if lease is not None:
+                if (repin or share) and ok:
+                    self._warm, self._warm_dir = lease, tdir
+                    _write_files(tdir, ray.get(lease.replica.files.remote()))
+                else:
+                    lease.close(tdir)
+                    if lease is self._warm:
+                        self._warm = self._warm_dir = None
+
+    def close(self) -> None:
+        """Stop the warm replica, if one is left. Safe to call more than once."""
+        if self._warm is not None:
+            self._warm.close(self._warm_dir)
+            self._warm = self._warm_dir = None
+
+
 def _bare_timeout(trial: TrialSpec) -> float:
     """The bare run's own deadline: its window, every request's deadline after it, and start-up slack."""
     w = trial.workload
@@ -384,4 +451,4 @@ def _flat(params: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-__all__ = ["RayTrialExecutor", "bundle_for", "replica_key"]
+__all__ = ["RayTrialExecutor", "bundle_for", "need_of", "replica_key"]

@@ -202,7 +202,18 @@ class SweepSpec(_Strict):
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec, description="How each window starts; trial order.")
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Sampling during the window.")
     repeats: int = Field(default=1, ge=1, le=100, description="Repeats of each combination.")
-    max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure.")
+    max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure "
+                                                                   "(on another node when there is one).")
+    max_concurrent_trials: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="Most trials in flight at once; unset = as many as the cluster holds (see placement). "
+                    "`orchestrator run --max-concurrent` overrides it.")
+    placement: Literal["exclusive", "packed"] = Field(
+        default="exclusive",
+        description="exclusive: one trial per node at a time, the faithful default for the paper's grids. packed: "
+                    "several trials share a node on disjoint cores; they share memory bandwidth, PCIe and the "
+                    "page cache, which changes results, so each packed trial records its neighbours. Not part "
+                    "of a trial's identity: a finished trial is not run again when only this changes.")
 
     @field_validator("models", "workloads")
     @classmethod

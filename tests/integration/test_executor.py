@@ -34,8 +34,29 @@ def _spec(start: str, cores: list[int], **workload):
 
 
 def _vllm_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "vllm.entrypoints" in " ".join(p.info["cmdline"] or [])]
+    """vLLM's API servers started by this test process (through its Ray), never anyone else's."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "vllm.entrypoints" in cmd and "select.select" not in cmd:  # not the lifeline's watchdog
+            out.append(p.pid)
+    return out
+
+
+def _vllm_left() -> list[str]:
+    """Any process of a vLLM replica still alive under this test process: API server, engine core, watchdog."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline()) or p.name()
+            if "vllm" in cmd.lower() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {cmd[:80]}")
+        except psutil.Error:
+            continue
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +86,7 @@ def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_pat
     assert second.metrics["repin_s"] < 5
     assert second.metrics["requests"] > 0 and second.metrics["timeouts"] == 0
     assert (tmp_path / "trials" / plan.trials[1].trial_id / "attempt-1" / "vllm.log").stat().st_size > 0
-    assert _vllm_pids() == []
+    assert _vllm_left() == []
 
 
 def _launches(log) -> int:
@@ -97,7 +118,7 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry
     assert result.error_kind is ErrorKind.SERVER_DIED, result.message
     first = tmp_path / "trials" / trial.trial_id / "attempt-1"
     assert _launches(first / "vllm.log") == 1 and (first / "error.txt").read_text().startswith("server_died")
-    assert _vllm_pids() == []  # the engine core went with the API server (the lifeline's watchdog)
+    assert _vllm_left() == []  # the engine core went with the API server (the lifeline's watchdog)
 
     retry = ex.execute(trial, attempt=2)  # what the controller does after a retryable failure
     ex.close()
@@ -106,7 +127,7 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry
     assert _launches(second / "vllm.log") == 1 and not (second / "error.txt").exists()
     assert _launches(first / "vllm.log") == 1  # the failed attempt's folder is left as it was
     assert retry.metrics["requests"] > 0
-    assert _vllm_pids() == []
+    assert _vllm_left() == []
 
 
 def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp_path):
@@ -129,7 +150,7 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp
             assert set(_vllm_pids()) == pids, "a shared start must not start another vLLM"
     finally:
         ex.close()
-    assert _vllm_pids() == []
+    assert _vllm_left() == []
     first, second = results[:2]
     assert [r.params["window_on_start"] for r in results] == ["1", "2", "3", "4"]
     assert {r.params.get("start_shared_with") for r in results[1:]} == {plan.trials[0].trial_id}

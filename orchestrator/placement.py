@@ -1,0 +1,181 @@
+"""Which node a trial runs on: the driver's book of the cluster's nodes and the trials on each.
+
+Ray's placement groups reserve resources, but two things a sweep needs are not Ray resources:
+*one trial per node* (``placement: exclusive``, the faithful default: neighbours share memory
+bandwidth, PCIe and the page cache) and *a node's hardware* as the trial names it (``H100``:
+the node's ``ray.io/accelerator-type`` label, or an ``accelerator_type:H100`` resource). So the
+executor picks the node here, then pins the trial's placement group to it (a
+``bundle_label_selector`` on ``ray.io/node-id``); the node's core agent then hands out the
+actual, disjoint cores.
+
+The book is pure bookkeeping over an injected inventory (``Node`` records; the executor reads
+them from ``ray.nodes()``), so it is tested without Ray. :meth:`NodeBook.acquire` blocks until
+a node that fits has room, and fails at once, with the reason, when no node of the cluster could
+ever hold the trial. Nodes that join or die are seen at the next look (``refresh_s``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+Policy = Literal["exclusive", "packed"]
+ACCEL_LABEL = "ray.io/accelerator-type"
+NODE_LABEL = "ray.io/node-id"  # every Ray node carries it; a placement group is pinned to a node through it
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    cpus: float
+    gpus: float = 0.0
+    hardware: frozenset[str] = frozenset()  # accelerator types: labels and accelerator_type:X resources
+
+    @classmethod
+    def from_ray(cls, info: dict) -> "Node":
+        res, labels = info.get("Resources", {}) or {}, info.get("Labels", {}) or {}
+        kinds = {k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")}
+        if labels.get(ACCEL_LABEL):
+            kinds.add(labels[ACCEL_LABEL])
+        return cls(info["NodeID"], float(res.get("CPU", 0.0)), float(res.get("GPU", 0.0)), frozenset(kinds))
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one trial holds on its node: cores (replica and client), GPUs, and the hardware it names."""
+
+    cores: int
+    gpus: int
+    hardware: str
+
+    def matches(self, node: Node) -> bool:
+        """The node is of the trial's hardware and is big enough, when empty."""
+        kind_ok = self.hardware.lower() == "cpu" or self.hardware in node.hardware
+        return kind_ok and node.cpus >= self.cores and node.gpus >= self.gpus
+
+    def __str__(self) -> str:
+        return f"{self.cores} cores, {self.gpus} GPUs of {self.hardware}"
+
+
+class CannotPlace(RuntimeError):
+    """No node of the cluster could ever hold the trial; the message says why."""
+
+
+class Cancelled(RuntimeError):
+    """The book was cancelled (the sweep is stopping) while a trial waited for a node."""
+
+
+@dataclass
+class _Use:
+    cores: int = 0
+    gpus: int = 0
+    owners: dict[str, Need] = field(default_factory=dict)
+
+
+class NodeBook:
+    """Thread-safe: lanes acquire and release nodes concurrently."""
+
+    def __init__(self, inventory: Callable[[], list[Node]], policy: Policy = "exclusive",
+                 refresh_s: float = 2.0) -> None:
+        self.inventory = inventory
+        self.policy = policy
+        self.refresh_s = refresh_s
+        self._use: dict[str, _Use] = {}
+        self._avoid: dict[str, set[str]] = {}  # trial id -> nodes where an attempt of it died
+        self._cond = threading.Condition()
+        self._cancelled = False
+
+    # ------------------------------------------------------------------ queries
+    def _has_room(self, node: Node, need: Need) -> bool:
+        use = self._use.get(node.node_id)
+        if use is None or not use.owners:
+            return True
+        if self.policy == "exclusive":
+            return False
+        return use.cores + need.cores <= node.cpus and use.gpus + need.gpus <= node.gpus
+
+    def why_never(self, need: Need, nodes: list[Node] | None = None) -> str | None:
+        """None if some node could hold ``need`` when empty; else the reason, naming what the nodes have."""
+        nodes = self.inventory() if nodes is None else nodes
+        if any(need.matches(n) for n in nodes):
+            return None
+        have = "; ".join(f"{n.node_id[:8]}: {n.cpus:g} CPU, {n.gpus:g} GPU"
+                         f"{', ' + ','.join(sorted(n.hardware)) if n.hardware else ''}" for n in nodes)
+        return f"no node can ever hold {need}; nodes: {have or 'none'}"
+
+    def capacity(self, needs: list[Need]) -> int:
+        """How many of these trials the cluster could hold at once (at least 1)."""
+        nodes = self.inventory()
+        if not needs:
+            return 1
+        if self.policy == "exclusive":
+            return max(1, sum(1 for n in nodes if any(need.matches(n) for need in needs)))
+        total = 0
+        for n in nodes:
+            fitting = [need for need in needs if need.matches(n)]
+            if fitting:
+                small = min(fitting, key=lambda x: x.cores)
+                by_gpu = int(n.gpus // small.gpus) if small.gpus else 1 << 30
+                total += max(1, min(int(n.cpus // small.cores), by_gpu))
+        return max(1, total)
+
+    def neighbours(self, node_id: str, owner: str) -> list[str]:
+        with self._cond:
+            use = self._use.get(node_id)
+            return sorted(o for o in (use.owners if use else {}) if o != owner)
+
+    # ------------------------------------------------------------------ acquire / release
+    def acquire(self, owner: str, need: Need, *, trial_id: str | None = None,
+                timeout_s: float | None = None) -> str:
+        """Reserve room for ``need`` on a node and return its id; blocks while every fitting node is full.
+
+        A node where an earlier attempt of ``trial_id`` died is taken only when no other node fits."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._cancelled:
+                    raise Cancelled("the sweep is stopping")
+                nodes = self.inventory()
+                why = self.why_never(need, nodes)
+                if why:
+                    raise CannotPlace(why)
+                avoid = self._avoid.get(trial_id or owner, set())
+                fitting = [n for n in nodes if need.matches(n)]
+                if any(n.node_id not in avoid for n in fitting):
+                    fitting = [n for n in fitting if n.node_id not in avoid]
+                free = [n for n in fitting if self._has_room(n, need)]
+                if free:
+                    # The emptiest node first (packed fills evenly); ties by id, so runs are reproducible.
+                    node = min(free, key=lambda n: (self._use.get(n.node_id, _Use()).cores, n.node_id))
+                    use = self._use.setdefault(node.node_id, _Use())
+                    use.cores += need.cores
+                    use.gpus += need.gpus
+                    use.owners[owner] = need
+                    return node.node_id
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"no node free for {need} after {timeout_s:.0f} s")
+                self._cond.wait(timeout=self.refresh_s)
+
+    def release(self, node_id: str, owner: str) -> None:
+        with self._cond:
+            use = self._use.get(node_id)
+            if use is not None and owner in use.owners:
+                need = use.owners.pop(owner)
+                use.cores -= need.cores
+                use.gpus -= need.gpus
+            self._cond.notify_all()
+
+    def avoid(self, trial_id: str, node_id: str) -> None:
+        """An attempt of ``trial_id`` died on ``node_id``: its retry goes elsewhere when it can."""
+        with self._cond:
+            self._avoid.setdefault(trial_id, set()).add(node_id)
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+
+__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy"]
