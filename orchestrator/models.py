@@ -175,6 +175,26 @@ def _ensure_chat_template(path: Path, tok: Tokenizer) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
+def tokenizer_file(model: str | Path) -> str:
+    """The ``tokenizer.json`` the workload client loads for a model folder or a Hugging Face model id.
+
+    A folder (a built shape, a local model) has it inside. A hub id (``org/name``) does not name a
+    folder: the file is fetched with ``huggingface_hub`` into its cache on this node (vLLM fetches the
+    model there anyway; offline nodes use the cache, ``HF_HUB_OFFLINE=1``)."""
+    local = Path(model).expanduser() / "tokenizer.json"
+    if local.is_file():
+        return str(local)
+    if Path(model).expanduser().is_dir():
+        raise ModelError(f"{model}: the model folder has no tokenizer.json (the workload client needs one)")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(str(model), "tokenizer.json")
+    except Exception as exc:  # noqa: BLE001 (hub errors: not found, gated, offline with an empty cache)
+        raise ModelError(f"{model}: cannot get tokenizer.json from the Hugging Face hub: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
 def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Path:
     """Write a config-only model folder for shape ``name`` into ``dest`` (idempotent)."""
     if name not in SHAPES:
@@ -197,4 +217,5 @@ def build_shape(name: str, dest: str | Path, *, cache: Path | None = None) -> Pa
     return dest
 
 
-__all__ = ["CHATML_TEMPLATE", "LLAMA3", "LLAMA3_TEMPLATE", "QWEN3", "SHAPES", "ModelError", "Shape", "Tokenizer", "build_shape", "tokenizer_dir"]
+__all__ = ["CHATML_TEMPLATE", "LLAMA3", "LLAMA3_TEMPLATE", "QWEN3", "SHAPES", "ModelError", "Shape", "Tokenizer", "build_shape", "tokenizer_dir",
+           "tokenizer_file"]

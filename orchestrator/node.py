@@ -10,6 +10,7 @@ Files produced on the node travel back as bytes, so the driver needs no shared d
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from orchestrator import survivors
 from orchestrator.accounting import CoreAccounting
 from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist, verify_self
 from orchestrator.hostfacts import host_facts
-from orchestrator.models import build_shape
+from orchestrator.models import ModelError, build_shape, tokenizer_file
 from orchestrator.plan import TrialSpec
 from orchestrator.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.restrict import tree_pids
@@ -150,6 +151,10 @@ class ReplicaActor:
     def start(self, cores: list[int]) -> dict[str, Any]:
         """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
         model_dir = self.model_dir()
+        try:  # before vLLM starts: a model without a usable tokenizer is the user's to fix
+            self.tokenizer_path = tokenizer_file(model_dir)
+        except ModelError as exc:
+            return {"error_kind": "config", "message": str(exc)}
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
                               self.trial.restriction, scratch_dir=self.node_home / "scratch")
@@ -167,7 +172,7 @@ class ReplicaActor:
             replica.wait_healthy(self.trial.server.startup_timeout_s)
         except ReplicaError as exc:
             return {"error_kind": exc.kind.value, "message": str(exc)}
-        self.tokenizer_path = str(Path(model_dir) / "tokenizer.json")
+
         return {"base_url": self.replica.base_url, "model_dir": model_dir, "tokenizer_path": self.tokenizer_path,
                 "params": self.replica.params()}
 
@@ -247,6 +252,29 @@ class ReplicaActor:
         return self.files()
 
 
+def localize(workload_json: str, trace: tuple[str, Any] | None) -> str:
+    """The workload with its trace ``path`` pointing at a node-local copy of the driver's file.
+
+    ``trace`` is ``(content hash, bytes)`` (Ray resolves the driver's ObjectRef before the call), or
+    ``(hash, ObjectRef)`` nested in a tuple, fetched here. The copy lives under the node's temp folder,
+    named by the hash, so every trial on the node shares one copy and a changed file is a new one."""
+    if trace is None:
+        return workload_json
+    digest, data = trace
+    if isinstance(data, ray.ObjectRef):
+        data = ray.get(data)
+    spec = json.loads(workload_json)
+    name = Path(spec["path"]).name
+    local = Path(tempfile.gettempdir()) / "orchestrator-traces" / f"{digest}-{name}"
+    if not local.exists():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_suffix(local.suffix + f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, local)
+    spec["path"] = str(local)
+    return json.dumps(spec)
+
+
 @ray.remote(num_cpus=0)
 class WorkloadActor:
     """Replays one workload from cores disjoint from the replica's (verified on every thread)."""
@@ -264,9 +292,10 @@ class WorkloadActor:
         return verify_self(self.cpus).as_dict()
 
     def bare(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
-             timeout_s: float) -> dict[str, Any]:
+             timeout_s: float, trace: tuple[str, Any] | None = None) -> dict[str, Any]:
         """Replay the workload with the bare client (workloads.bare) in a plain child process on this
         actor's cores: no actor and no telemetry in the request path. Returns its per-request rows."""
+        workload_json = localize(workload_json, trace)
         with tempfile.TemporaryDirectory(prefix="bare-") as tmp:
             spec_path, out_path = Path(tmp) / "workload.json", Path(tmp) / "bare.jsonl"
             spec_path.write_text(workload_json)
@@ -279,13 +308,14 @@ class WorkloadActor:
             rows = [json.loads(line) for line in out_path.read_text().splitlines() if line.strip()]
         return {"rows": [r for r in rows if "request_id" in r]}
 
-    def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str) -> Any:
+    def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
+            trace: tuple[str, Any] | None = None) -> Any:
         from pydantic import TypeAdapter
 
         from workloads import run_workload_sync
         from workloads.spec import WorkloadSpec
 
-        spec = TypeAdapter(WorkloadSpec).validate_json(workload_json)
+        spec = TypeAdapter(WorkloadSpec).validate_json(localize(workload_json, trace))
         return run_workload_sync(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path)
 
 

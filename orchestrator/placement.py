@@ -121,6 +121,11 @@ class NodeBook:
                 total += max(1, min(int(n.cpus // small.cores), by_gpu))
         return max(1, total)
 
+    def in_use(self) -> dict[str, list[str]]:
+        """Node id -> the owners holding room on it now."""
+        with self._cond:
+            return {n: sorted(u.owners) for n, u in self._use.items() if u.owners}
+
     def neighbours(self, node_id: str, owner: str) -> list[str]:
         with self._cond:
             use = self._use.get(node_id)

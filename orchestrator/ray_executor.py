@@ -29,6 +29,7 @@ is no longer wanted (repin, and :meth:`RayTrialExecutor.close`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -150,6 +151,7 @@ class RayTrialExecutor:
         self._default: _Lane | None = None
         self._seq = 0
         self._seq_lock = threading.Lock()
+        self._traces: dict[str, tuple[str, Any]] = {}
 
     # ------------------------------------------------------------------ public
     def lane(self) -> "_Lane":
@@ -176,6 +178,21 @@ class RayTrialExecutor:
         """Stop every lane's warm replica, if one is left. Safe to call more than once."""
         for lane in self._lanes:
             lane.close()
+
+    def _trace(self, trial: TrialSpec) -> tuple[str, Any] | None:
+        """The workload's trace file, through Ray's object store: ``(content hash, ObjectRef of its bytes)``.
+
+        A worker node has no access to the driver's disk, so the file is read here once and put in
+        the object store; the workload actor writes it to a node-local file named by its hash."""
+        path = getattr(trial.workload, "path", None)
+        if path is None:
+            return None
+        key = str(path)
+        with self._seq_lock:
+            if key not in self._traces:
+                data = Path(path).read_bytes()
+                self._traces[key] = (hashlib.sha256(data).hexdigest()[:16], ray.put(data))
+            return self._traces[key]
 
     def _owner(self, trial: TrialSpec, attempt: int) -> str:
         with self._seq_lock:
@@ -271,6 +288,7 @@ class RayTrialExecutor:
         checks = {"replica_start": ray.get(lease.replica.verify.remote())}
         workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
         spec_json = trial.workload.model_dump_json()
+        trace = self._trace(trial)
         bare: dict[str, Any] | None = None
         try:
             checks["client"] = ray.get(workload.pin.remote(alloc["client"]))
@@ -279,7 +297,7 @@ class RayTrialExecutor:
                 warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
                                                          "client_tokenize": "off"})
                 ray.get(workload.run.remote(warm.model_dump_json(), up["base_url"], trial.model.name,
-                                            up["tokenizer_path"]))
+                                            up["tokenizer_path"], trace))
             params["warmup_s"] = proto.warmup_s
 
             def cross_check() -> dict[str, Any]:
@@ -287,7 +305,7 @@ class RayTrialExecutor:
                 if not ray.get(lease.replica.reset_prefix_cache.remote()):
                     return {"error": "the prefix cache could not be reset before the bare run"}
                 return ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
-                                                    up["tokenizer_path"], _bare_timeout(trial)))
+                                                    up["tokenizer_path"], _bare_timeout(trial), trace))
 
             # Odd repeats run the bare client first, so an order effect between the two runs
             # shows up as a difference between repeats instead of hiding in the ratio.
@@ -298,7 +316,8 @@ class RayTrialExecutor:
             if bare_first:
                 bare = cross_check()
             params.update(ray.get(lease.replica.begin_window.remote(alloc["client"], gpu_ids)))
-            run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"]))
+            run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"],
+                                              trace))
             window = ray.get(lease.replica.end_window.remote())
             checks["client_end"] = ray.get(workload.verify.remote())
             if xcheck and not bare_first and window["alive"]:

