@@ -397,8 +397,10 @@ class _Lane:
             facts = lease.facts
             result = ex._measure(trial, tdir, lease, started)
             ok = result.ok
-            if not ok and result.error_kind is ErrorKind.SERVER_DIED:
-                ex.book.avoid(trial.trial_id, lease.node)
+            if not ok:  # measured, then failed (the server died in the window, a thread escaped its cores)
+                (tdir / "error.txt").write_text(f"{result.error_kind.value}: {result.message}\n")
+                if result.error_kind is ErrorKind.SERVER_DIED:
+                    ex.book.avoid(trial.trial_id, lease.node)
             return result
         except TrialFailure as exc:
             return ex._failed(trial, tdir, exc.kind, str(exc), facts, started)

@@ -89,8 +89,15 @@ def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
 
 
 def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str) -> list[str]:
-    """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win."""
+    """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win.
+
+    ``server.stack: standin`` runs :mod:`orchestrator.standin` instead, a latency-emulating stand-in
+    for benchmarks of the orchestrator itself (its flags, e.g. ``--ttft-ms``, go in ``vllm.args``)."""
     s = trial.server
+    if s.stack == "standin":
+        script = str(Path(__file__).with_name("standin.py"))  # run as a file: no package import, fast start
+        return [python, script, "--host", "127.0.0.1", "--port", str(port), "--model", trial.model.name,
+                "--max-model-len", str(s.max_model_len), *trial.vllm.args]
     cmd = [python, "-c", VLLM_SERVE_SHIM, "serve", str(model_dir), "--served-model-name", trial.model.name,
            "--host", "127.0.0.1", "--port", str(port), "--load-format", s.load_format,
            "--max-model-len", str(s.max_model_len)]
@@ -197,7 +204,8 @@ class VllmReplica:
 
     def params(self) -> dict[str, str]:
         """Facts to record with the trial (strings, for MLflow params)."""
-        p = {"vllm_version": vllm_version(), "restriction_requested": self.mode_requested,
+        p = {"vllm_version": vllm_version(), "server_stack": self.trial.server.stack,
+             "restriction_requested": self.mode_requested,
              "restriction_mode": self.mode_used, "restriction_fallback": self.fallback_reason or "",
              "replica_cpus": format_cpulist(self.cores), "port": str(self.port),
              "vllm_command": json.dumps(self.resolved_args), "server_env": json.dumps(self.env_recorded, sort_keys=True)}

