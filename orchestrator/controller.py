@@ -145,10 +145,11 @@ class SweepController:
             for t in threads:
                 t.join(timeout=30)
             raise
-        for spec in (s for chain in queue for s in chain):  # only if every lane died: say so, per trial
+        # A lane that died (a bug) leaves trials without a final state: each gets one, and says why.
+        for spec in (s for chain in groups for s in chain):
             trial = self.trials[spec.trial_id]
-            if trial.state is TrialState.PENDING:
-                result = TrialResult.failed(spec.trial_id, ErrorKind.INTERNAL, "no lane was left to run it")
+            if not trial.done:
+                result = TrialResult.failed(spec.trial_id, ErrorKind.INTERNAL, "its lane ended before it finished")
                 trial.transition(TrialState.FAILED)
                 self._result(trial, spec, result)
                 results.append(result)
@@ -158,7 +159,7 @@ class SweepController:
         while True:
             trial.transition(TrialState.RUNNING)
             with self._emit:
-                self.on_progress(trial, spec, None)
+                self._call_progress(trial, spec, None)
                 self.observers.on_trial_start(spec)
             try:
                 result = lane.execute(spec, attempt=trial.attempts)
@@ -178,11 +179,17 @@ class SweepController:
     def _result(self, trial: Trial, spec: TrialSpec, result: TrialResult) -> None:
         with self._emit:
             self.observers.on_trial_result(spec, result)
-            self.on_progress(trial, spec, result)
+            self._call_progress(trial, spec, result)
 
     def _progress(self, trial: Trial, spec: TrialSpec, result: TrialResult | None) -> None:
         with self._emit:
+            self._call_progress(trial, spec, result)
+
+    def _call_progress(self, trial: Trial, spec: TrialSpec, result: TrialResult | None) -> None:
+        try:  # a console that went away (a closed pipe) must not end a lane, or the sweep
             self.on_progress(trial, spec, result)
+        except Exception:  # noqa: BLE001
+            log.exception("progress callback failed for trial %s", spec.trial_id)
 
 
 __all__ = ["Executor", "Lane", "SweepController"]

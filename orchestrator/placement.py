@@ -159,9 +159,13 @@ class NodeBook:
                     use.gpus += need.gpus
                     use.owners[owner] = need
                     return node.node_id
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"no node free for {need} after {timeout_s:.0f} s")
-                self._cond.wait(timeout=self.refresh_s)
+                wait = self.refresh_s
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"no node free for {need} after {timeout_s:g} s")
+                    wait = min(wait, left)
+                self._cond.wait(timeout=wait)
 
     def release(self, node_id: str, owner: str) -> None:
         with self._cond:

@@ -181,12 +181,14 @@ def chains(trials: list[TrialSpec] | tuple[TrialSpec, ...]) -> list[list[TrialSp
 
 
 def shuffled(trials: list[TrialSpec], seed: int) -> list[TrialSpec]:
-    """A seeded random order of the fresh-start trials; each repin group (one live replica re-pinned
-    down its core counts) stays in place and in order, since its trials share one server."""
-    fresh = [t for t in trials if t.start != "repin"]
-    random.Random(seed).shuffle(fresh)
-    it = iter(fresh)
-    return [next(it) if t.start != "repin" else t for t in trials]
+    """A seeded random order of the fresh-start trials; what shares one server stays together and in
+    order: each repin group (one live replica re-pinned down its core counts) in its place, and the
+    windows of one shared start (``protocol.share_start``) as one unit of the shuffle."""
+    groups = chains(trials)
+    movable = [g for g in groups if g[0].start != "repin"]
+    random.Random(seed).shuffle(movable)
+    it = iter(movable)
+    return [t for g in groups for t in (next(it) if g[0].start != "repin" else g)]
 
 
 def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calibrate: tuple[int, ...]) -> list[int]:

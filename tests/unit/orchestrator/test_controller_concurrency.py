@@ -491,17 +491,12 @@ def test_when_every_lane_dies_each_trial_still_gets_a_failed_result():
     c = SweepController(p, NoLanes(capacity=3), observers=[rec])
     results = c.run()
     assert_one_final_result_per_trial(results, ids)
-    assert all(r.error_kind is ErrorKind.INTERNAL and "no lane" in r.message for r in results)
+    assert all(r.error_kind is ErrorKind.INTERNAL and "its lane ended before it finished" in r.message for r in results)
     assert all(c.trials[i].state is TrialState.FAILED for i in ids)
     assert rec.count("trial_result") == Counter(ids)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason="an exception in a lane thread (on_progress is the one call there that "
-                   "is not guarded: observers go through CallbackList, execute's Exception is caught) kills the "
-                   "thread silently; the trial it ran stays RUNNING with no result, the rest of its chain is "
-                   "never run, and run() returns normally with fewer results than trials (the leftover loop "
-                   "in _run_lanes only covers chains still in the queue). The sequential path raises instead.")
 def test_a_raising_progress_callback_does_not_lose_trials_silently():
     p = plan(cores=(1, 2, 3, 4))
     ids = [t.trial_id for t in p.trials]
@@ -520,10 +515,6 @@ def test_a_raising_progress_callback_does_not_lose_trials_silently():
     assert all(c.trials[i].done for i in ids)
 
 
-@pytest.mark.xfail(strict=True, reason="protocol.order: shuffled permutes every fresh trial, so with "
-                   "share_start the windows of one start are scattered and chains() makes each its own start; "
-                   "shuffled() keeps repin groups in place but not share_start windows (no spec validator "
-                   "rejects the combination). Arguably a design question: shuffle whole chains instead?")
 def test_shuffled_order_keeps_shared_start_windows_together():
     p = plan(cores=(1, 2), workloads=("w1", "w2"), repeats=2,
              protocol={"share_start": True, "order": "shuffled", "seed": 1})

@@ -338,10 +338,7 @@ def test_need_matches():
     assert str(Need(4, 1, "H100")) == "4 cores, 1 GPUs of H100"
 
 
-# ---------------------------------------------------------------------- known bugs
-@pytest.mark.xfail(strict=True, reason="acquire(timeout_s=) sleeps a whole refresh_s before it checks the "
-                                       "deadline again: Condition.wait(timeout=self.refresh_s) ignores the "
-                                       "deadline, so a 0.05 s timeout takes refresh_s (1 s here)")
+# ---------------------------------------------------------------------- fixed: timeouts shorter than refresh_s
 def test_acquire_timeout_is_honoured_when_shorter_than_refresh():
     book = NodeBook(lambda: [Node("node-a", 8.0)], "exclusive", refresh_s=1.0)
     book.acquire("t1", cpu(1))
