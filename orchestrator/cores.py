@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-Isolation = Literal["require", "prefer"]
+Isolation = Literal["require", "prefer", "share"]
 
 
 # ---------------------------------------------------------------- cpu lists
@@ -256,12 +256,16 @@ class CoreAllocator:
 
         With ``isolation="prefer"`` on a node too small for disjoint sets, the client shares
         the replica's highest cores and ``client_isolated`` is False (record it: the client then
-        competes with the server). With ``"require"`` that case raises CannotFit.
+        competes with the server). With ``"require"`` that case raises CannotFit. ``"share"``
+        always shares (``client_cores`` of the replica's own cores, at most all of them).
         """
         total = len(self.topology.cpus)
         if client_cores > total:
             raise CannotFit(f"{trial_id}/client: wanted {client_cores} cores, node has {total}")
         replica = self.allocate(f"{trial_id}/replica", replica_cores, prefer_numa=prefer_numa)
+        if isolation == "share":  # asked for: the client always runs on the replica's (highest) cores
+            return Allocation(replica=replica, client=frozenset(sorted(replica, reverse=True)[:client_cores]),
+                              client_isolated=False)
         try:
             client = self.allocate(f"{trial_id}/client", client_cores, prefer_numa=prefer_numa, avoid=replica)
             return Allocation(replica=replica, client=client, client_isolated=True)

@@ -44,19 +44,32 @@ class Node:
 
 @dataclass(frozen=True)
 class Need:
-    """What one trial holds on its node: cores (replica and client), GPUs, and the hardware it names."""
+    """What one trial holds on its node: its replica's cores, its client's, GPUs, and the hardware it names.
+
+    ``client_shared``: the client may run on the replica's cores when the node is too small for both
+    (``client.isolation: prefer``); such a trial fits a node of ``cores`` cores, but packs beside
+    others only with room for its client's own cores too, since that is what the core agent gives it."""
 
     cores: int
     gpus: int
     hardware: str
+    client: int = 0
+    client_shared: bool = False
+
+    @property
+    def held(self) -> int:
+        """Cores it takes on a node shared with other trials."""
+        return self.cores + self.client
 
     def matches(self, node: Node) -> bool:
         """The node is of the trial's hardware and is big enough, when empty."""
         kind_ok = self.hardware.lower() == "cpu" or self.hardware in node.hardware
-        return kind_ok and node.cpus >= self.cores and node.gpus >= self.gpus
+        least = self.cores if self.client_shared else self.held
+        return kind_ok and node.cpus >= least and node.gpus >= self.gpus
 
     def __str__(self) -> str:
-        return f"{self.cores} cores, {self.gpus} GPUs of {self.hardware}"
+        client = f" + {self.client} client" if self.client else ""
+        return f"{self.cores}{client} cores, {self.gpus} GPUs of {self.hardware}"
 
 
 class CannotPlace(RuntimeError):
@@ -94,7 +107,7 @@ class NodeBook:
             return True
         if self.policy == "exclusive":
             return False
-        return use.cores + need.cores <= node.cpus and use.gpus + need.gpus <= node.gpus
+        return use.cores + need.held <= node.cpus and use.gpus + need.gpus <= node.gpus
 
     def why_never(self, need: Need, nodes: list[Node] | None = None) -> str | None:
         """None if some node could hold ``need`` when empty; else the reason, naming what the nodes have."""
@@ -116,9 +129,9 @@ class NodeBook:
         for n in nodes:
             fitting = [need for need in needs if need.matches(n)]
             if fitting:
-                small = min(fitting, key=lambda x: x.cores)
+                small = min(fitting, key=lambda x: x.held)
                 by_gpu = int(n.gpus // small.gpus) if small.gpus else 1 << 30
-                total += max(1, min(int(n.cpus // small.cores), by_gpu))
+                total += max(1, min(int(n.cpus // small.held), by_gpu))
         return max(1, total)
 
     def in_use(self) -> dict[str, list[str]]:
@@ -155,7 +168,7 @@ class NodeBook:
                     # The emptiest node first (packed fills evenly); ties by id, so runs are reproducible.
                     node = min(free, key=lambda n: (self._use.get(n.node_id, _Use()).cores, n.node_id))
                     use = self._use.setdefault(node.node_id, _Use())
-                    use.cores += need.cores
+                    use.cores += need.held
                     use.gpus += need.gpus
                     use.owners[owner] = need
                     return node.node_id
@@ -172,7 +185,7 @@ class NodeBook:
             use = self._use.get(node_id)
             if use is not None and owner in use.owners:
                 need = use.owners.pop(owner)
-                use.cores -= need.cores
+                use.cores -= need.held
                 use.gpus -= need.gpus
             self._cond.notify_all()
 

@@ -69,9 +69,10 @@ def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
 
 
 def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
-    """What the trial holds on its node: the replica's cores, plus the client's when they must be its own."""
-    client = trial.client.cores if trial.client.isolation == "require" else 0
-    return Need(cores=(cores or trial.cores) + client, gpus=trial.gpus, hardware=trial.hardware)
+    """What the trial holds on its node: the replica's cores and, unless it shares them, the client's."""
+    iso = trial.client.isolation
+    return Need(cores=cores or trial.cores, gpus=trial.gpus, hardware=trial.hardware,
+                client=0 if iso == "share" else trial.client.cores, client_shared=iso != "require")
 
 
 def _inventory() -> list[Node]:

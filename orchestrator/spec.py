@@ -187,10 +187,12 @@ class ClientSpec(_Strict):
     """Where the workload client runs relative to the replica."""
 
     cores: int = Field(default=1, ge=1, le=64, description="Cores reserved for the workload client.")
-    isolation: Literal["require", "prefer"] = Field(
+    isolation: Literal["require", "prefer", "share"] = Field(
         default="require",
         description="require: refuse a trial whose client cannot get cores disjoint from the replica; "
-        "prefer: share cores when the node is too small, and record it.")
+        "prefer: share cores when the node is too small, and record it; share: always run the client on the "
+        "replica's own cores (recorded), so a trial needs only its replica's cores, e.g. to pack trials onto "
+        "a small node.")
 
 
 class SweepSpec(_Strict):
