@@ -315,19 +315,5 @@ def thread_env(n_cores: int) -> dict[str, str]:
     }
 
 
-# The effects (restriction, re-pin, verification) live in orchestrator.restrict, which imports this
-# module; they are re-exported here lazily so callers can keep one import site without a cycle.
-_RESTRICT_NAMES = ("Restriction", "RestrictionError", "Verification", "choose_mode", "repin", "verify_self",
-                   "verify_tree")
-
-
-def __getattr__(name: str) -> object:
-    if name in _RESTRICT_NAMES:
-        from orchestrator import restrict
-
-        return getattr(restrict, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["Allocation", "CannotFit", "CoreAllocator", "Isolation", "NodeTopology", "format_cpulist",
            "parse_cpulist", "thread_env"]

@@ -26,12 +26,12 @@ import ray
 
 from orchestrator import survivors
 from orchestrator.accounting import CoreAccounting
-from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist, verify_self
+from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
 from orchestrator.hostfacts import host_facts
 from orchestrator.models import ModelError, build_shape, tokenizer_file
 from orchestrator.plan import TrialSpec
 from orchestrator.replica import ReplicaError, VllmReplica, free_port
-from orchestrator.restrict import tree_pids
+from orchestrator.restrict import tree_pids, verify_self
 from orchestrator.telemetry import TelemetrySampler, delta, scrape
 
 
