@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ipaddress
 import os
 import signal
 import sqlite3
@@ -37,6 +36,8 @@ from pathlib import Path
 
 import psutil
 import yaml
+
+from orchestrator.net import non_loopback_listeners
 
 MARK = "FAULT_BENCH_RUN"
 
@@ -144,23 +145,6 @@ def _name(p: psutil.Process) -> str:
         return (" ".join(p.cmdline()) or p.name())[:60]
     except psutil.Error:
         return "?"
-
-
-def non_loopback_listeners(procs: list[psutil.Process]) -> list[str]:
-    out = []
-    for p in procs:
-        try:
-            conns = p.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        for c in conns:
-            if c.status != psutil.CONN_LISTEN or not c.laddr:
-                continue
-            ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
-            ip = getattr(ip, "ipv4_mapped", None) or ip
-            if not ip.is_loopback:
-                out.append(f"{_name(p).split()[0][-20:]}@{c.laddr.ip}:{c.laddr.port}")
-    return sorted(set(out))
 
 
 # ---------------------------------------------------------------- the sweeps

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import urllib.error
 import urllib.request
+from typing import Iterable
+
+import psutil
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -35,3 +39,21 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
 
 
 __all__ = ["free_port", "http_ok", "port_is_free"]
+
+
+def non_loopback_listeners(procs: Iterable[psutil.Process]) -> list[str]:
+    """``"<pid> <name> <address>:<port>"`` for every listening socket of ``procs`` that is not on loopback
+    (IPv4-mapped ``::ffff:127.0.0.1`` counts as loopback). What a run must never open by default."""
+    out = []
+    for p in procs:
+        try:
+            conns, name = p.net_connections(kind="inet"), p.name()
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status != psutil.CONN_LISTEN or not c.laddr:
+                continue
+            ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
+            if not (getattr(ip, "ipv4_mapped", None) or ip).is_loopback:
+                out.append(f"{p.pid} {name} {c.laddr.ip}:{c.laddr.port}")
+    return sorted(set(out))

@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -88,6 +88,19 @@ def tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def still_running(procs: Iterable[psutil.Process]) -> list[str]:
+    """``"<pid>: <command>"`` for each of ``procs`` still alive (a zombie is not; a recycled pid is not:
+    psutil checks the start time)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            continue
+    return out
 
 
 def listens_in_tree(pid: int, port: int) -> bool:
@@ -276,4 +289,4 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
 
 
 __all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "listens_in_tree", "mlflow_server", "ray_cluster",
-           "tree", "ui_command"]
+           "still_running", "tree", "ui_command"]

@@ -22,3 +22,23 @@ def mlflow_uri(tmp_path_factory: pytest.TempPathFactory):
     finally:
         if saved is not None:
             os.environ["MLFLOW_TRACKING_URI"] = saved
+
+
+@pytest.fixture
+def vllm_left():
+    """A function listing the vLLM processes (API server, engine core, the lifeline's watchdog) still alive
+    under this test process: only what the test started (through its own Ray), never anyone else's."""
+    import psutil
+
+    def left() -> list[str]:
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline()) or p.name()
+                if "vllm" in cmd.lower() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(f"{p.pid} {cmd[:80]}")
+            except psutil.Error:
+                continue
+        return out
+
+    return left

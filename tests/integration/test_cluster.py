@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -59,19 +58,7 @@ def _node(c: Cluster, kind: str, cpu: int):
     return c.add_node(num_cpus=1, labels={ACCEL_LABEL: kind}, env_vars={NODE_CPUS_ENV: str(cpu)})
 
 
-def _vllm_left() -> list[str]:
-    out = []
-    for p in psutil.Process().children(recursive=True):  # only what this test started
-        try:
-            cmd = " ".join(p.cmdline()) or p.name()
-            if "vllm" in cmd.lower() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(f"{p.pid} {cmd[:80]}")
-        except psutil.Error:
-            continue
-    return out
-
-
-def test_trials_of_two_hardware_types_run_at_once_each_on_its_own_node(cluster, tmp_path: Path):
+def test_trials_of_two_hardware_types_run_at_once_each_on_its_own_node(vllm_left, cluster, tmp_path: Path):
     a, b = _node(cluster, "simA", CPUS[0]), _node(cluster, "simB", CPUS[1])
     ray.init(address=cluster.address, log_to_driver=False)
     plan = expand(_spec(["simA", "simB", "simC"]))
@@ -99,10 +86,10 @@ def test_trials_of_two_hardware_types_run_at_once_each_on_its_own_node(cluster, 
     for r in (ra, rb):
         assert r.metrics["requests"] > 0 and float(r.params["pg_ready_s"]) < 30
     print(f"2 trials on 2 nodes in {time.monotonic() - t0:.0f} s, overlapping {overlap:.0f} s")
-    assert _vllm_left() == []
+    assert vllm_left() == []
 
 
-def test_a_raylet_killed_mid_trial_is_retried_on_the_other_node(cluster, tmp_path: Path):
+def test_a_raylet_killed_mid_trial_is_retried_on_the_other_node(vllm_left, cluster, tmp_path: Path):
     nodes = {n.node_id: n for n in (_node(cluster, "simX", CPUS[0]), _node(cluster, "simX", CPUS[1]))}
     ray.init(address=cluster.address, log_to_driver=False)
     plan = expand(_spec(["simX"], max_failures=1))
@@ -134,6 +121,6 @@ def test_a_raylet_killed_mid_trial_is_retried_on_the_other_node(cluster, tmp_pat
     first = tmp_path / "trials" / trial.trial_id / "attempt-1" / "error.txt"
     assert first.read_text().startswith("node_died"), first.read_text()
     deadline = time.monotonic() + 30  # the dead node's vLLM follows its actor (the lifeline)
-    while _vllm_left() and time.monotonic() < deadline:
+    while vllm_left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _vllm_left() == []
+    assert vllm_left() == []

@@ -46,19 +46,6 @@ def _vllm_pids() -> list[int]:
     return out
 
 
-def _vllm_left() -> list[str]:
-    """Any process of a vLLM replica still alive under this test process: API server, engine core, watchdog."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline()) or p.name()
-            if "vllm" in cmd.lower() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(f"{p.pid} {cmd[:80]}")
-        except psutil.Error:
-            continue
-    return out
-
-
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -66,7 +53,7 @@ def local_ray():
     ray.shutdown()
 
 
-def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_path):
+def test_repin_reuses_one_replica_and_resets_its_prefix_cache(vllm_left, local_ray, tmp_path):
     plan = expand(_spec("repin", [1, 2]))
     assert [t.cores for t in plan.trials] == [2, 1]
     ex = RayTrialExecutor(tmp_path, plan=plan)
@@ -86,14 +73,14 @@ def test_repin_reuses_one_replica_and_resets_its_prefix_cache(local_ray, tmp_pat
     assert second.metrics["repin_s"] < 5
     assert second.metrics["requests"] > 0 and second.metrics["timeouts"] == 0
     assert (tmp_path / "trials" / plan.trials[1].trial_id / "attempt-1" / "vllm.log").stat().st_size > 0
-    assert _vllm_left() == []
+    assert vllm_left() == []
 
 
 def _launches(log) -> int:
     return log.read_text(errors="replace").count("# launch:")
 
 
-def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry_has_its_own(local_ray, tmp_path):
+def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry_has_its_own(vllm_left, local_ray, tmp_path):
     plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=25))
     trial = plan.trials[0]
     ex = RayTrialExecutor(tmp_path, plan=plan)
@@ -118,7 +105,7 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry
     assert result.error_kind is ErrorKind.SERVER_DIED, result.message
     first = tmp_path / "trials" / trial.trial_id / "attempt-1"
     assert _launches(first / "vllm.log") == 1 and (first / "error.txt").read_text().startswith("server_died")
-    assert _vllm_left() == []  # the engine core went with the API server (the lifeline's watchdog)
+    assert vllm_left() == []  # the engine core went with the API server (the lifeline's watchdog)
 
     retry = ex.execute(trial, attempt=2)  # what the controller does after a retryable failure
     ex.close()
@@ -127,10 +114,10 @@ def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry
     assert _launches(second / "vllm.log") == 1 and not (second / "error.txt").exists()
     assert _launches(first / "vllm.log") == 1  # the failed attempt's folder is left as it was
     assert retry.metrics["requests"] > 0
-    assert _vllm_left() == []
+    assert vllm_left() == []
 
 
-def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp_path):
+def test_shared_start_windows_follow_the_protocol_and_cross_check(vllm_left, local_ray, tmp_path):
     """Two workloads (agent-mix and uniform text) as windows of one start: each window from the
     prefix-cache reset, the warm-up once, the bare cross-check after each, and the trial's facts."""
     base = _spec("fresh", [1]).model_dump(mode="json")
@@ -150,7 +137,7 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(local_ray, tmp
             assert set(_vllm_pids()) == pids, "a shared start must not start another vLLM"
     finally:
         ex.close()
-    assert _vllm_left() == []
+    assert vllm_left() == []
     first, second = results[:2]
     assert [r.params["window_on_start"] for r in results] == ["1", "2", "3", "4"]
     assert {r.params.get("start_shared_with") for r in results[1:]} == {plan.trials[0].trial_id}

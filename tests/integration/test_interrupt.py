@@ -18,8 +18,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+
+from orchestrator.services import still_running, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -65,25 +66,6 @@ def _env() -> dict:
     return env
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(procs: list[psutil.Process]) -> list[str]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_sigterm_closes_the_sweep_and_leaves_nothing_running(tmp_path: Path):
     home = tmp_path / "home"
     t0 = time.monotonic()
@@ -98,7 +80,7 @@ def test_sigterm_closes_the_sweep_and_leaves_nothing_running(tmp_path: Path):
             if "waiting in ray.get" in line:
                 break
             assert time.monotonic() - t0 < 150, "".join(lines)[-4000:]
-        started = _tree(driver.pid)
+        started = tree(driver.pid)
         assert any("mlflow" in " ".join(p.cmdline()) for p in started), [p.cmdline() for p in started]
         assert any("raylet" in " ".join(p.cmdline()) for p in started)
         assert any(ln.startswith("MLflow tracking at http://127.0.0.1:") for ln in lines)
@@ -122,9 +104,9 @@ def test_sigterm_closes_the_sweep_and_leaves_nothing_running(tmp_path: Path):
     assert "executor closed" in out and "interrupted by SIGTERM" in out
     assert "SIGTERM received" not in out  # Ray's C++ handler did not run
     deadline = time.monotonic() + 15
-    while _alive(started) and time.monotonic() < deadline:
+    while still_running(started) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _alive(started) == [], out[-3000:]
+    assert still_running(started) == [], out[-3000:]
     print(f"SIGTERM to exit: {took:.1f} s; {len(started)} processes started, none left")
 
     from mlflow import MlflowClient

@@ -8,7 +8,6 @@ the finished trial, run the other, and leave exactly one child run per trial.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -21,7 +20,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.cores import parse_cpulist
+from orchestrator.net import non_loopback_listeners
 from orchestrator.plan import expand
+from orchestrator.services import still_running, tree
 from orchestrator.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,40 +60,6 @@ def _children(uri: str) -> list:
             if "mlflow.parentRunId" in r.data.tags]
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(procs) -> list[str]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _non_loopback_listeners(procs) -> list[str]:
-    out = []
-    for p in procs:
-        try:
-            conns = p.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        for c in conns:
-            if c.status == psutil.CONN_LISTEN and c.laddr:
-                ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
-                if not (getattr(ip, "ipv4_mapped", None) or ip).is_loopback:
-                    out.append(f"{p.pid} {p.name()} {c.laddr.ip}:{c.laddr.port}")
-    return out
-
-
 @pytest.fixture(scope="module")
 def killed(mlflow_uri, tmp_path_factory):
     """Start the sweep; once the first trial is in MLflow and the second one's replica is up, SIGKILL the
@@ -105,20 +72,20 @@ def killed(mlflow_uri, tmp_path_factory):
     second_log = home / "node" / "trials" / PLAN.trials[1].trial_id / "attempt-1" / "vllm.log"
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline and proc.poll() is None:
-        procs = _tree(proc.pid)
+        procs = tree(proc.pid)
         seen.update((p.pid, p) for p in procs)
-        listeners |= set(_non_loopback_listeners(procs))
+        listeners |= set(non_loopback_listeners(procs))
         if second_log.exists() and b"POST /v1/completions" in second_log.read_bytes():
             break  # mid-trial: the second replica is serving its window
         time.sleep(1)
     assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
-    seen.update((p.pid, p) for p in _tree(proc.pid))
+    seen.update((p.pid, p) for p in tree(proc.pid))
     proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=60)
     deadline = time.monotonic() + 30  # the lifelines' watchdogs poll twice a second; vLLM gets a grace period
-    while _alive(seen.values()) and time.monotonic() < deadline:
+    while still_running(seen.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return {"home": home, "returncode": proc.returncode, "stdout": out, "left": _alive(seen.values()),
+    return {"home": home, "returncode": proc.returncode, "stdout": out, "left": still_running(seen.values()),
             "started": len(seen), "listeners": sorted(listeners),
             "children": [r.data.tags["trial_id"] for r in _children(mlflow_uri)]}
 
