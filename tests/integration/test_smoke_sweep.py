@@ -30,13 +30,18 @@ PLAN = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
-def _leftovers() -> list[str]:
-    """Processes of ours that must not outlive a sweep."""
+def _leftovers(home: Path) -> list[str]:
+    """Processes of this test's runs still alive: they carry ``ORCH_HOME=<home>`` in their environment
+    (every process a run starts inherits it) or name the home in their command line (vLLM's model
+    folder is under it). Never matched by program name: other runs on the machine are not ours."""
     out = []
     for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints" in cmd or "raylet" in cmd or "gcs_server" in cmd:
-            out.append(f"{p.info['pid']}: {cmd[:120]}")
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if (str(home) in cmd or p.environ().get("ORCH_HOME") == str(home)) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.info['pid']}: {cmd[:120]}")
+        except psutil.Error:
+            continue
     return out
 
 
@@ -101,7 +106,7 @@ def test_a_driver_killed_mid_trial_leaves_nothing_running_and_keeps_its_finished
     assert killed["returncode"] == -signal.SIGKILL
     assert killed["started"] >= 8  # Ray's head and workers, the actors, vLLM's server, engine core, watchdog
     assert killed["left"] == [], killed["stdout"][-3000:]
-    assert _leftovers() == []
+    assert _leftovers(killed["home"]) == []
     assert PLAN.trials[0].trial_id in killed["children"]
 
 
@@ -143,8 +148,8 @@ def test_mlflow_holds_one_parent_and_one_child_per_trial(resumed, mlflow_uri):
         assert {"records.parquet", "vllm.log", "verified_cores.json", "trial_spec.json"} <= names
 
 
-def test_nothing_is_left_running(resumed):
-    assert _leftovers() == []
+def test_nothing_is_left_running(resumed, killed):
+    assert _leftovers(killed["home"]) == []
 
 
 def test_third_run_skips_everything(resumed, killed, mlflow_uri):
@@ -152,4 +157,4 @@ def test_third_run_skips_everything(resumed, killed, mlflow_uri):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("already finished in MLflow, skipped") == 2
     assert len(_children(mlflow_uri)) == 2
-    assert _leftovers() == []
+    assert _leftovers(killed["home"]) == []
