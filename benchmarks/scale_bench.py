@@ -33,7 +33,7 @@ from orchestrator.controller import SweepController
 from orchestrator.placement import ACCEL_LABEL
 from orchestrator.plan import expand
 from orchestrator.ray_executor import RayTrialExecutor
-from orchestrator.services import _ray_on_loopback, free_port, mlflow_server
+from orchestrator.services import free_port, mlflow_server, ray_on_loopback
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import MlflowTracker
 
@@ -126,9 +126,8 @@ def main() -> None:
     ap.add_argument("--tpot-ms", type=float, default=10.0)
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
-    _ray_on_loopback()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp, \
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp, ray_on_loopback(), \
             mlflow_server(Path(tmp) / "mlflow", port=free_port()) as ml:
         print(f"STAND-IN servers (orchestrator.standin), not vLLM; MLflow at {ml.uri}", flush=True)
         for n in (int(x) for x in args.nodes.split(",")):

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -223,12 +223,24 @@ def _restore(saved: dict[int, object]) -> None:
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def _ray_on_loopback() -> None:
-    """Make the local Ray started next listen on 127.0.0.1 only (children inherit the setting)."""
+@contextmanager
+def ray_on_loopback() -> Iterator[None]:
+    """While inside, a local Ray started here listens on 127.0.0.1 only (its processes inherit the
+    setting). Put back afterwards: a later ``ray start --address`` from this process must still be
+    able to join a multi-node cluster."""
     from ray._private import ray_constants
 
+    saved_env, saved_flag = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[LOOPBACK_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; ray may already be imported
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = saved_env
 
 
 def _ray_processes() -> list[psutil.Process]:
@@ -258,11 +270,12 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
     saved = _handlers()
     guardian: Guardian | None = None
     recorded: list[int] = []
+    loopback = ExitStack()
     try:
         if address:
             ctx = ray.init(address=address, log_to_driver=False)
         else:
-            _ray_on_loopback()
+            loopback.enter_context(ray_on_loopback())
             guardian = Guardian()
             ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
                            configure_logging=False)
@@ -276,6 +289,7 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
         ray.shutdown()
         if guardian is not None:
             guardian.close()
+        loopback.close()
         raise
     _restore(saved)
     try:
@@ -284,6 +298,7 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
         ray.shutdown()
         if guardian is not None:
             guardian.close()
+        loopback.close()
         for pid in recorded:
             survivors.forget(record_in, pid)
 

@@ -25,7 +25,7 @@ from orchestrator.placement import ACCEL_LABEL
 from orchestrator.plan import expand
 from orchestrator.ray_executor import RayTrialExecutor
 from orchestrator.results import ErrorKind, TrialStatus
-from orchestrator.services import _ray_on_loopback
+from orchestrator.services import ray_on_loopback
 from orchestrator.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -47,11 +47,11 @@ def _spec(hardware: list[str], **extra):
 def cluster():
     if len(CPUS) < 2:
         pytest.skip("needs 2 cores: one per simulated node")
-    _ray_on_loopback()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with ray_on_loopback():
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        yield c
+        ray.shutdown()
+        c.shutdown()
 
 
 def _node(c: Cluster, kind: str, cpu: int):
