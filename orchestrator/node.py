@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,47 @@ from orchestrator.restrict import tree_pids, verify_self
 from orchestrator.telemetry import TelemetrySampler, delta, scrape
 
 
+# ---------------------------------------------------------------- what crosses the Ray boundary
+# Typed values, pickled by Ray: a failure on the node is a NodeError (data, never an exception the
+# driver would have to unpickle), everything else its own dataclass.
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """A failure on the node, as data. ``kind`` is an :class:`~orchestrator.results.ErrorKind` value."""
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CoreGrant:
+    """The cores the node's core agent gave one trial, and the host facts that go with them."""
+
+    replica: list[int]
+    client: list[int]
+    client_isolated: bool
+    host: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReplicaUp:
+    """A replica that answers: where, with which tokenizer, what to record; ``repin_s`` after a re-pin."""
+
+    base_url: str
+    tokenizer_path: str
+    params: dict[str, Any]
+    model_dir: str = ""
+    repin_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BareRun:
+    """The bare client's per-request rows."""
+
+    rows: list[dict[str, Any]]
+
+
 @ray.remote(num_cpus=0)
 class NodeCoreAgent:
     """One per node (named ``cores-<node_id>``): the only owner of that node's core bookkeeping."""
@@ -49,15 +91,15 @@ class NodeCoreAgent:
                 "gpu_numa": {str(k): v for k, v in self.topology.gpu_numa.items()}}
 
     def allocate(self, trial_id: str, replica_cores: int, client_cores: int, isolation: str,
-                 gpu_ids: list[int]) -> dict[str, Any]:
+                 gpu_ids: list[int]) -> CoreGrant | NodeError:
         numa = {self.topology.gpu_numa[g] for g in gpu_ids if g in self.topology.gpu_numa}
         prefer = numa.pop() if len(numa) == 1 else None
         try:
             a = self.allocator.allocate_trial(trial_id, replica_cores, client_cores, isolation, prefer)
         except CannotFit as exc:
-            return {"error": str(exc)}
-        return {"replica": sorted(a.replica), "client": sorted(a.client), "client_isolated": a.client_isolated,
-                "host": dict(host_facts(a.replica, a.client, gpu_ids, self.topology))}
+            return NodeError("cannot_fit", str(exc))
+        return CoreGrant(replica=sorted(a.replica), client=sorted(a.client), client_isolated=a.client_isolated,
+                         host=dict(host_facts(a.replica, a.client, gpu_ids, self.topology)))
 
     def release(self, trial_id: str) -> None:
         self.allocator.release(trial_id)
@@ -148,44 +190,44 @@ class ReplicaActor:
             return str(build_shape(m.shape, self.node_home / "models" / m.shape))
         return m.id
 
-    def start(self, cores: list[int]) -> dict[str, Any]:
+    def start(self, cores: list[int]) -> ReplicaUp | NodeError:
         """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
         model_dir = self.model_dir()
         try:  # before vLLM starts: a model without a usable tokenizer is the user's to fix
             self.tokenizer_path = tokenizer_file(model_dir)
         except ModelError as exc:
-            return {"error_kind": "config", "message": str(exc)}
+            return NodeError("config", str(exc))
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
                               self.trial.restriction, scratch_dir=self.node_home / "scratch")
         with self._lock:  # either stop() comes first and nothing starts, or it sees the process to kill
             if self._stopped:
-                return {"error_kind": "internal", "message": "stopped before vLLM started"}
+                return NodeError("internal", "stopped before vLLM started")
             self.replica = replica
             try:
                 replica.start()
             except ReplicaError as exc:
-                return {"error_kind": exc.kind.value, "message": str(exc)}
+                return NodeError(exc.kind.value, str(exc))
             # So that the next run ends this server if the driver dies without stopping it.
             survivors.record(self.home, "vllm", replica.pid)
         try:
             replica.wait_healthy(self.trial.server.startup_timeout_s)
         except ReplicaError as exc:
-            return {"error_kind": exc.kind.value, "message": str(exc)}
+            return NodeError(exc.kind.value, str(exc))
 
-        return {"base_url": self.replica.base_url, "model_dir": model_dir, "tokenizer_path": self.tokenizer_path,
-                "params": self.replica.params()}
+        return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
+                         params={**self.replica.params(), "repinned": False}, model_dir=model_dir)
 
-    def repin(self, cores: list[int]) -> dict[str, Any]:
+    def repin(self, cores: list[int]) -> ReplicaUp | NodeError:
         """Move the live replica to ``cores`` and empty its prefix cache, so the next trial starts cold."""
         assert self.replica is not None
         try:
             seconds = self.replica.repin(frozenset(cores))
         except ReplicaError as exc:
-            return {"error_kind": exc.kind.value, "message": str(exc)}
+            return NodeError(exc.kind.value, str(exc))
         # The prefix cache is emptied by begin_window, as for every window of a repin group.
-        return {"base_url": self.replica.base_url, "tokenizer_path": self.tokenizer_path, "repin_s": seconds,
-                "params": {**self.replica.params(), "repinned": True}}
+        return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
+                         params={**self.replica.params(), "repinned": True}, repin_s=seconds)
 
     def files(self) -> dict[str, bytes]:
         """The node-side files so far (the replica keeps running)."""
@@ -292,7 +334,7 @@ class WorkloadActor:
         return verify_self(self.cpus).as_dict()
 
     def bare(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
-             timeout_s: float, trace: tuple[str, Any] | None = None) -> dict[str, Any]:
+             timeout_s: float, trace: tuple[str, Any] | None = None) -> BareRun | NodeError:
         """Replay the workload with the bare client (workloads.bare) in a plain child process on this
         actor's cores: no actor and no telemetry in the request path. Returns its per-request rows."""
         workload_json = localize(workload_json, trace)
@@ -304,9 +346,9 @@ class WorkloadActor:
                    "--cpus", ",".join(str(c) for c in sorted(self.cpus))]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             if proc.returncode != 0:
-                return {"error": f"bare client exited with {proc.returncode}: {proc.stderr.strip()[-800:]}"}
+                return NodeError("internal", f"bare client exited with {proc.returncode}: {proc.stderr.strip()[-800:]}")
             rows = [json.loads(line) for line in out_path.read_text().splitlines() if line.strip()]
-        return {"rows": [r for r in rows if "request_id" in r]}
+        return BareRun([r for r in rows if "request_id" in r])
 
     def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
             trace: tuple[str, Any] | None = None) -> Any:
@@ -319,4 +361,5 @@ class WorkloadActor:
         return run_workload_sync(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path)
 
 
-__all__ = ["NodeCoreAgent", "ReplicaActor", "WorkloadActor", "core_agent"]
+__all__ = ["BareRun", "CoreGrant", "NodeCoreAgent", "NodeError", "ReplicaActor", "ReplicaUp", "WorkloadActor",
+           "core_agent", "localize"]

@@ -43,7 +43,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.cores import format_cpulist
-from orchestrator.node import ReplicaActor, WorkloadActor, core_agent
+from orchestrator.node import BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
 from orchestrator.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
 from orchestrator.plan import SweepPlan, TrialSpec, replica_key, start_key
 from orchestrator.results import ErrorKind, TrialResult, TrialStatus
@@ -97,8 +97,8 @@ class _Lease:
     owners: list[str] = field(default_factory=list)  # core-agent allocations to release
     closed: bool = False
     start_key: str = ""
-    alloc: dict[str, Any] = field(default_factory=dict)  # the cores a shared start keeps for its windows
-    up: dict[str, Any] = field(default_factory=dict)  # what the start returned (URL, tokenizer, params)
+    alloc: CoreGrant | None = None  # the cores a shared start keeps for its windows
+    up: ReplicaUp | None = None  # what the start returned (URL, tokenizer, params)
     windows: int = 0  # windows measured on this start so far
 
     def release_cores(self) -> None:
@@ -245,43 +245,45 @@ class RayTrialExecutor:
                            replica_actor_s=round(time.monotonic() - t0 - waited - pg_ready, 3))
         return lease
 
-    def _allocate(self, trial: TrialSpec, lease: _Lease) -> dict[str, Any]:
+    def _allocate(self, trial: TrialSpec, lease: _Lease) -> CoreGrant:
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         lease.release_cores()  # a repinned replica gives back the previous trial's cores first
         alloc = ray.get(lease.agent.allocate.remote(trial.trial_id, trial.cores, trial.client.cores,
                                                     trial.client.isolation, gpu_ids))
-        if "error" in alloc:
-            raise TrialFailure(ErrorKind.CANNOT_FIT, alloc["error"])
+        if isinstance(alloc, NodeError):
+            raise TrialFailure(ErrorKind(alloc.kind), alloc.message)
         lease.owners.append(trial.trial_id)
         return alloc
 
-    def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> dict[str, Any]:
+    def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> ReplicaUp:
         """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
         fresh = not lease.started
         lease.windows = 0
         up = ray.get((lease.replica.start if fresh else lease.replica.repin).remote(cores))
-        if "error_kind" in up:
-            raise TrialFailure(ErrorKind(up["error_kind"]), up["message"])
+        if isinstance(up, NodeError):
+            raise TrialFailure(ErrorKind(up.kind), up.message)
         lease.started = True
-        return {**up, "params": {**up["params"], "repinned": False}} if fresh else up
+        return up
 
     def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
         shared = trial.start == "fresh" and lease.started  # a later window of a shared start
         alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
-        params: dict[str, Any] = {**lease.facts, **alloc["host"], "replica_cpus": alloc["replica"],
-                                  "client_cpus": alloc["client"], "client_isolated": alloc["client_isolated"],
+        params: dict[str, Any] = {**lease.facts, **alloc.host, "replica_cpus": alloc.replica,
+                                  "client_cpus": alloc.client, "client_isolated": alloc.client_isolated,
                                   "text_style": trial.factors()["text_style"], "api_servers": trial.api_servers}
         warnings: list[str] = []
-        if not alloc["client_isolated"]:
-            warnings.append(f"client shares cores with the replica (node too small): client {alloc['client']}, "
-                            f"replica {alloc['replica']}")
-        up = lease.up if shared else self._bring_up(trial, lease, alloc["replica"])
+        if not alloc.client_isolated:
+            why = "client.isolation: share" if trial.client.isolation == "share" else "node too small"
+            warnings.append(f"client shares cores with the replica ({why}): client {alloc.client}, "
+                            f"replica {alloc.replica}")
+        up = lease.up if shared else self._bring_up(trial, lease, alloc.replica)
         lease.alloc, lease.up = alloc, up
         lease.windows += 1
-        params.update(up["params"])
+        params.update(up.params)
         params["window_on_start"] = lease.windows  # 1 = the first window after this start (or re-pin)
-        params["neighbours"] = ",".join(self.book.neighbours(lease.node, lease.owner))  # packed: who shares the node
+        # packed: the trials sharing the node now (owners are "<trial_id>#<attempt>.<n>")
+        params["neighbours"] = ",".join(sorted({o.split("#")[0] for o in self.book.neighbours(lease.node, lease.owner)}))
         if shared:
             params["start_shared_with"] = lease.owners[0]
         if params.get("repinned"):
@@ -290,23 +292,23 @@ class RayTrialExecutor:
         workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
         spec_json = trial.workload.model_dump_json()
         trace = self._trace(trial)
-        bare: dict[str, Any] | None = None
+        bare: BareRun | NodeError | None = None
         try:
-            checks["client"] = ray.get(workload.pin.remote(alloc["client"]))
+            checks["client"] = ray.get(workload.pin.remote(alloc.client))
             proto = trial.protocol
             if proto.warmup_s > 0 and not shared:  # unmeasured: same load shape, other seed; reset below
                 warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
                                                          "client_tokenize": "off"})
-                ray.get(workload.run.remote(warm.model_dump_json(), up["base_url"], trial.model.name,
-                                            up["tokenizer_path"], trace))
+                ray.get(workload.run.remote(warm.model_dump_json(), up.base_url, trial.model.name,
+                                            up.tokenizer_path, trace))
             params["warmup_s"] = proto.warmup_s
 
-            def cross_check() -> dict[str, Any]:
+            def cross_check() -> BareRun | NodeError:
                 # Same start state as the window: an empty prefix cache on the same warm server.
                 if not ray.get(lease.replica.reset_prefix_cache.remote()):
-                    return {"error": "the prefix cache could not be reset before the bare run"}
-                return ray.get(workload.bare.remote(spec_json, up["base_url"], trial.model.name,
-                                                    up["tokenizer_path"], _bare_timeout(trial), trace))
+                    return NodeError("internal", "the prefix cache could not be reset before the bare run")
+                return ray.get(workload.bare.remote(spec_json, up.base_url, trial.model.name,
+                                                    up.tokenizer_path, _bare_timeout(trial), trace))
 
             # Odd repeats run the bare client first, so an order effect between the two runs
             # shows up as a difference between repeats instead of hiding in the ratio.
@@ -316,9 +318,8 @@ class RayTrialExecutor:
                 params["crosscheck_order"] = "bare-first" if bare_first else "harness-first"
             if bare_first:
                 bare = cross_check()
-            params.update(ray.get(lease.replica.begin_window.remote(alloc["client"], gpu_ids)))
-            run = ray.get(workload.run.remote(spec_json, up["base_url"], trial.model.name, up["tokenizer_path"],
-                                              trace))
+            params.update(ray.get(lease.replica.begin_window.remote(alloc.client, gpu_ids)))
+            run = ray.get(workload.run.remote(spec_json, up.base_url, trial.model.name, up.tokenizer_path, trace))
             window = ray.get(lease.replica.end_window.remote())
             checks["client_end"] = ray.get(workload.verify.remote())
             if xcheck and not bare_first and window["alive"]:
@@ -338,14 +339,13 @@ class RayTrialExecutor:
         if fidelity is not None:
             metrics.update(fidelity.metrics)
             params["replay_fidelity"] = fidelity.diagnosis
-        if "repin_s" in up:
-            metrics["repin_s"] = up["repin_s"]
-        if bare is not None:
-            if "error" in bare:
-                warnings.append(f"cross-check failed: {bare['error']}")
-            else:
-                (tdir / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare["rows"]))
-                metrics.update(crosscheck_metrics(run.records, bare["rows"]))
+        if up.repin_s is not None:
+            metrics["repin_s"] = up.repin_s
+        if isinstance(bare, NodeError):
+            warnings.append(f"cross-check failed: {bare.message}")
+        elif bare is not None:
+            (tdir / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare.rows))
+            metrics.update(crosscheck_metrics(run.records, bare.rows))
         status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
         bad = [k for k, v in checks.items() if not v.get("ok", False)]
         if not window["alive"]:
