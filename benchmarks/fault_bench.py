@@ -151,7 +151,8 @@ def _name(p: psutil.Process) -> str:
 
 
 def make_sweep(repo: Path, folder: Path, *, window_s: int = 20, cores: list[int] | None = None,
-               workload: dict | None = None, model: dict | None = None, name: str = "faults") -> Path:
+               workload: dict | None = None, model: dict | None = None, name: str = "faults",
+               **top: object) -> Path:
     spec = yaml.safe_load((repo / "sweeps" / "smoke.yaml").read_text())
     spec["name"] = name
     w = spec["workloads"][0]
@@ -164,6 +165,7 @@ def make_sweep(repo: Path, folder: Path, *, window_s: int = 20, cores: list[int]
         spec["grid"]["cores"] = cores
     if "protocol" in spec:
         spec["protocol"].update(warmup_s=0, crosscheck=False)
+    spec.update(top)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -316,7 +318,7 @@ def sigterm(repo: Path, work: Path) -> list[Row]:
 
 
 def retry(repo: Path, work: Path) -> list[Row]:
-    sweep = make_sweep(repo, work, cores=[1], window_s=30)
+    sweep = make_sweep(repo, work, cores=[1], window_s=30, max_failures=1)
     home = work / "home-retry"
     r = Run(repo, ["run", str(sweep), "--home", str(home)], home).start()
     log_seen = r.wait_for("running (attempt 1)", 300)
