@@ -7,6 +7,7 @@ which lane, so overlap is measured, not assumed. Plus ``chains()`` on real expan
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from collections import Counter
@@ -397,7 +398,16 @@ def test_slow_observer_does_not_break_concurrency_or_ordering():
 
 
 # ---------------------------------------------------------------------- interrupt
-def test_keyboard_interrupt_cancels_the_executor_and_ends_the_sweep():
+@pytest.fixture
+def plain_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test: an earlier test in this process may
+    have left another one installed (the CLI's, or Ray's), which interrupt_main() would call instead."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
+def test_keyboard_interrupt_cancels_the_executor_and_ends_the_sweep(plain_sigint):
     p = plan(cores=(1, 2, 3, 4, 5, 6, 7, 8))
     ids = [t.trial_id for t in p.trials]
     fired = threading.Event()
