@@ -38,6 +38,7 @@ import psutil
 import yaml
 
 from orchestrator.net import non_loopback_listeners
+from orchestrator.services import tree
 
 MARK = "FAULT_BENCH_RUN"
 
@@ -72,7 +73,7 @@ class Run:
 
     def snapshot(self) -> None:
         """Remember every process of the run now (tree and marker); psutil objects guard against pid reuse."""
-        for p in _tree(self.proc.pid) + marked(self.marker):
+        for p in tree(self.proc.pid) + marked(self.marker):
             self.seen.setdefault(p.pid, p)
 
     def wait_for(self, text: str, timeout_s: float) -> bool:
@@ -111,14 +112,6 @@ class Run:
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def marked(marker: str) -> list[psutil.Process]:

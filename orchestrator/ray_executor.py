@@ -168,8 +168,11 @@ class RayTrialExecutor:
 
     def capacity(self, trials: list[TrialSpec]) -> int:
         """How many of ``trials`` the cluster holds at once under the policy (what the controller runs)."""
-        return self.book.capacity([need_of(t, self.max_cores.get(replica_key(t)) if t.start == "repin" else None)
-                                   for t in trials])
+        return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
+
+    def lease_cores(self, trial: TrialSpec) -> int:
+        """The cores a trial's lease reserves: a repin group's largest count (its replica starts there)."""
+        return self.max_cores.get(replica_key(trial), trial.cores) if trial.start == "repin" else trial.cores
 
     def cancel(self) -> None:
         """The sweep is stopping: trials waiting for a node stop waiting."""
@@ -393,8 +396,7 @@ class _Lane:
         ok = False
         try:
             if lease is None:
-                lease = ex._lease(trial, key, ex.max_cores.get(key, trial.cores) if repin else trial.cores,
-                                  attempt=attempt)
+                lease = ex._lease(trial, key, ex.lease_cores(trial), attempt=attempt)
             facts = lease.facts
             result = ex._measure(trial, tdir, lease, started)
             ok = result.ok
