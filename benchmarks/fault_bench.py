@@ -37,8 +37,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from orchestrator.net import non_loopback_listeners
-from orchestrator.services import tree
+from orchestrator.control.net import non_loopback_listeners
+from orchestrator.control.services import tree
 
 MARK = "FAULT_BENCH_RUN"
 

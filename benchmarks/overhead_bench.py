@@ -11,7 +11,7 @@ the ``tiny-llama`` shape restricted (affinity) to one core, with ``VLLM_SERVER_D
 - ``host-10hz``: only psutil per-core CPU sampling (no ``metrics_url``, no NVML);
 - ``nvml-10hz``: only NVML reads (CPU reader stubbed out); skipped, with a note, where there is no GPU;
 - ``tokenize-inflight`` / ``tokenize-after``: client-side tokenization, no sampler;
-- ``defaults``: what a trial runs (``orchestrator.node``): ``TelemetrySampler(replica_cpus, client_cpus,
+- ``defaults``: what a trial runs (``orchestrator.node.actors``): ``TelemetrySampler(replica_cpus, client_cpus,
   metrics_url)`` with its defaults (hz=10, metrics_hz=1, NVML where present), the before/after
   ``/metrics`` scrapes, and ``client_tokenize="after"``.
 
@@ -44,11 +44,11 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.models import build_shape  # noqa: E402
-from orchestrator.plan import TrialSpec  # noqa: E402
-from orchestrator.replica import ReplicaError, VllmReplica, free_port, vllm_version  # noqa: E402
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
-from orchestrator.telemetry import TelemetrySampler, open_gpu_reader, scrape  # noqa: E402
+from orchestrator.plan.models import build_shape  # noqa: E402
+from orchestrator.plan.expand import TrialSpec  # noqa: E402
+from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, vllm_version  # noqa: E402
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.node.telemetry import TelemetrySampler, open_gpu_reader, scrape  # noqa: E402
 from workloads import metrics, run_workload_sync  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
 

@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.controller import SweepController
-from orchestrator.plan import expand
-from orchestrator.ray_executor import RayTrialExecutor
-from orchestrator.services import ray_cluster
-from orchestrator.spec import parse_spec
+from orchestrator.control.controller import SweepController
+from orchestrator.plan.expand import expand
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.services import ray_cluster
+from orchestrator.plan.spec import parse_spec
 
 
 def spec(trials: int, cores: int, window_s: float, placement: str):

@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.cores import NodeTopology, format_cpulist, parse_cpulist  # noqa: E402
-from orchestrator.models import build_shape  # noqa: E402
-from orchestrator.plan import TrialSpec  # noqa: E402
-from orchestrator.replica import VllmReplica, free_port, vllm_version  # noqa: E402
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.node.cores import NodeTopology, format_cpulist, parse_cpulist  # noqa: E402
+from orchestrator.plan.models import build_shape  # noqa: E402
+from orchestrator.plan.expand import TrialSpec  # noqa: E402
+from orchestrator.node.replica import VllmReplica, free_port, vllm_version  # noqa: E402
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
 from workloads.spec import AgenticWorkload  # noqa: E402
 
 PROMPT = " ".join(f"tool output line {i}: status ok, value {i * 7919 % 1000}." for i in range(120))

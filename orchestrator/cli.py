@@ -19,8 +19,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.plan import expand
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.plan.expand import expand
+from orchestrator.plan.spec import SpecError, load_spec
 
 console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
@@ -51,7 +51,7 @@ def main(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM (ray job stop, a CI timeout, `timeout`) must unwind like Ctrl-C, so every
     # context manager stops what it started: MLflow server, Ray, vLLM replicas.
-    # (orchestrator.services.ray_cluster puts these back after ray.init replaces them.)
+    # (orchestrator.control.services.ray_cluster puts these back after ray.init replaces them.)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
 
@@ -102,7 +102,7 @@ def _exit_of(code_fn) -> None:
 @click.argument("sweep", type=click.Path(dir_okay=False))
 def plan(sweep: str) -> None:
     """Print the trials of SWEEP without starting anything (after checking the files it reads)."""
-    from orchestrator.preflight import errors, preflight
+    from orchestrator.plan.preflight import errors, preflight
 
     spec = _load(sweep)
     problems = preflight(spec, Path(sweep))
@@ -131,7 +131,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
 
     Trials run concurrently, as many as the cluster holds under the sweep's placement policy
     (one per node by default), capped by --max-concurrent. The sweep's files are checked first
-    (orchestrator.preflight); with an input error nothing starts and the exit code is 2."""
+    (orchestrator.plan.preflight); with an input error nothing starts and the exit code is 2."""
     from orchestrator.runner import run_sweep
 
     spec = _with_cap(_load(sweep), max_concurrent)
@@ -155,7 +155,7 @@ def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
 @click.option("--home", default=None, help=HOME_HELP)
 def sync(home: str | None) -> None:
     """Upload results kept in the local outbox while MLflow was unreachable."""
-    from orchestrator.tracking import sync_outbox
+    from orchestrator.observe.tracking import sync_outbox
 
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
@@ -177,10 +177,10 @@ def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_us
     """Rebuild the comparison of SWEEP_NAME from MLflow (MLFLOW_TRACKING_URI, or the local store)."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.report import costs, runs_frame
+    from orchestrator.observe.report import costs, runs_frame
     from orchestrator.runner import print_tables
-    from orchestrator.services import free_port, mlflow_server
-    from orchestrator.tracking import trial_runs
+    from orchestrator.control.services import free_port, mlflow_server
+    from orchestrator.observe.tracking import trial_runs
 
     if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
         raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
@@ -207,7 +207,7 @@ def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_us
 @click.option("--port", default=5000, show_default=True)
 def ui(home: str | None, port: int) -> None:
     """Serve the local MLflow store (the one `run` wrote) at http://127.0.0.1:PORT until Ctrl-C."""
-    from orchestrator.services import mlflow_server
+    from orchestrator.control.services import mlflow_server
 
     h = _home(home) / "mlflow"
     if not (h / "mlflow.db").exists():
@@ -230,7 +230,7 @@ def model() -> None:
 @model.command("list")
 def model_list() -> None:
     """List the built-in shapes."""
-    from orchestrator.models import SHAPES
+    from orchestrator.plan.models import SHAPES
 
     for s in SHAPES.values():
         console.print(f"{s.name:16} {s.description}")
@@ -241,7 +241,7 @@ def model_list() -> None:
 @click.argument("dest", type=click.Path(file_okay=False))
 def model_build(shape: str, dest: str) -> None:
     """Write the model folder for SHAPE into DEST."""
-    from orchestrator.models import ModelError, build_shape
+    from orchestrator.plan.models import ModelError, build_shape
 
     try:
         path = build_shape(shape, dest)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.controller import SweepController
-from orchestrator.plan import SweepPlan, TrialSpec, expand
-from orchestrator.report import calibration, comparison, render, results_frame, spread_warnings
-from orchestrator.results import TrialResult
-from orchestrator.spec import SweepSpec
-from orchestrator.trial import Trial, TrialState
+from orchestrator.control.controller import SweepController
+from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
+from orchestrator.observe.report import calibration, comparison, render, results_frame, spread_warnings
+from orchestrator.control.results import TrialResult
+from orchestrator.plan.spec import SweepSpec
+from orchestrator.control.trial import Trial, TrialState
 
 
 def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 0.10):
@@ -58,8 +58,8 @@ def _tracked_frame(uri: str, plan: SweepPlan):
     """The sweep's trials as MLflow holds them (so resumed, skipped trials are in the table too)."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.report import runs_frame
-    from orchestrator.tracking import mlflow_server_ok, trial_runs
+    from orchestrator.observe.report import runs_frame
+    from orchestrator.observe.tracking import mlflow_server_ok, trial_runs
 
     if not mlflow_server_ok(uri):
         return None
@@ -70,8 +70,8 @@ def _tracked_frame(uri: str, plan: SweepPlan):
 
 def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
     """Run every trial; return 0 if all trials completed (or were already done), 1 if one failed,
-    2 if the sweep's inputs are wrong (``orchestrator.preflight``: then nothing was started)."""
-    from orchestrator.preflight import errors, preflight
+    2 if the sweep's inputs are wrong (``orchestrator.plan.preflight``: then nothing was started)."""
+    from orchestrator.plan.preflight import errors, preflight
 
     # Before any service: a bad trace line or model folder must not cost a Ray, MLflow and vLLM start.
     problems = preflight(spec, spec_path, for_run=True)
@@ -81,8 +81,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
         console.print(f"{len(bad)} input error(s) in {spec_path}: nothing was started")
         return 2
 
-    from orchestrator import survivors
-    from orchestrator.homelock import HomeBusy, home_lock
+    from orchestrator.control import survivors
+    from orchestrator.control.homelock import HomeBusy, home_lock
 
     home.mkdir(parents=True, exist_ok=True)
     try:
@@ -97,9 +97,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console,
 
 def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool) -> int:
     """The run itself, with the home locked. Services are recorded in ``home/services.json`` while they run."""
-    from orchestrator.ray_executor import RayTrialExecutor
-    from orchestrator.services import mlflow_server, ray_cluster, ui_command
-    from orchestrator.tracking import MlflowTracker
+    from orchestrator.control.ray_executor import RayTrialExecutor
+    from orchestrator.control.services import mlflow_server, ray_cluster, ui_command
+    from orchestrator.observe.tracking import MlflowTracker
 
     plan: SweepPlan = expand(spec)
     console.print(f"sweep {spec.name}: {len(plan)} trials; state in {home}")

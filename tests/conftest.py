@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory):
     """Start a real ``mlflow server`` for the session and stop its process group afterwards."""
-    from orchestrator.services import free_port, mlflow_server
+    from orchestrator.control.services import free_port, mlflow_server
 
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:

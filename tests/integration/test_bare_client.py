@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.models import build_shape
-from orchestrator.plan import TrialSpec
-from orchestrator.replica import VllmReplica, free_port
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.plan.models import build_shape
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.bare import crosscheck_ratio
 from workloads.loaders import generate_agentic
 from workloads.metrics import ttft_s

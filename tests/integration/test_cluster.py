@@ -19,14 +19,14 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from orchestrator.controller import SweepController
-from orchestrator.cores import NODE_CPUS_ENV
-from orchestrator.placement import ACCEL_LABEL
-from orchestrator.plan import expand
-from orchestrator.ray_executor import RayTrialExecutor
-from orchestrator.results import ErrorKind, TrialStatus
-from orchestrator.services import ray_on_loopback
-from orchestrator.spec import parse_spec
+from orchestrator.control.controller import SweepController
+from orchestrator.node.cores import NODE_CPUS_ENV
+from orchestrator.control.placement import ACCEL_LABEL
+from orchestrator.plan.expand import expand
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.results import ErrorKind, TrialStatus
+from orchestrator.control.services import ray_on_loopback
+from orchestrator.plan.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 CPUS = sorted(os.sched_getaffinity(0))

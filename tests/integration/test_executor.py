@@ -11,11 +11,11 @@ import psutil
 import pytest
 import ray
 
-from orchestrator.cores import parse_cpulist
-from orchestrator.plan import expand
-from orchestrator.ray_executor import RayTrialExecutor
-from orchestrator.results import ErrorKind, TrialStatus
-from orchestrator.spec import parse_spec
+from orchestrator.node.cores import parse_cpulist
+from orchestrator.plan.expand import expand
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.results import ErrorKind, TrialStatus
+from orchestrator.plan.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

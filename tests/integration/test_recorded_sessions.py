@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.models import build_shape
-from orchestrator.plan import TrialSpec
-from orchestrator.replica import VllmReplica, free_port, port_is_free
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.plan.models import build_shape
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.replica import VllmReplica, free_port, port_is_free
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.client import StreamingClient
 from workloads.loaders import load_sessions
 from workloads.loadgen import LoadGenerator, LoadResult

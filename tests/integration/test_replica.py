@@ -14,13 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.cores import format_cpulist
-from orchestrator.models import build_shape
-from orchestrator.plan import TrialSpec
-from orchestrator.replica import ReplicaError, VllmReplica, free_port, port_is_free
-from orchestrator.restrict import ROOT_NAME
-from orchestrator.results import ErrorKind
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.node.cores import format_cpulist
+from orchestrator.plan.models import build_shape
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, port_is_free
+from orchestrator.node.restrict import ROOT_NAME
+from orchestrator.control.results import ErrorKind
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -26,12 +26,12 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 
-from orchestrator import outbox
-from orchestrator.plan import SweepPlan, TrialSpec, expand
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.spec import parse_spec
-from orchestrator.telemetry import TelemetrySampler, scrape
-from orchestrator.tracking import CallbackList, MlflowTracker, mlflow_server_ok, sync_outbox
+from orchestrator.observe import outbox
+from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.spec import parse_spec
+from orchestrator.node.telemetry import TelemetrySampler, scrape
+from orchestrator.observe.tracking import CallbackList, MlflowTracker, mlflow_server_ok, sync_outbox
 from workloads.records import RequestRecord
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -256,7 +256,7 @@ def test_server_down_results_go_to_outbox_then_sync(server: _Server, tmp_path: P
     try:
         server.stop()
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="orchestrator.tracking"):
+        with caplog.at_level(logging.WARNING, logger="orchestrator.observe.tracking"):
             tracker.on_trial_result(t2, _ok(t2, tmp_path))
             tracker.on_trial_result(t3, _failed(t3))
             assert tracker.finished_trial_ids("trk-offline") == {t2.trial_id}   # outbox part only

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, thread_env
+from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, thread_env
 
 
 def test_disjoint_under_random_allocate_release() -> None:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from orchestrator.plan import TrialSpec
-from orchestrator.replica import (MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths,
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.replica import (MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths,
                                   server_env)
-from orchestrator.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 

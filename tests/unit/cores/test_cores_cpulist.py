@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from orchestrator.cores import format_cpulist, parse_cpulist
+from orchestrator.node.cores import format_cpulist, parse_cpulist
 
 
 @pytest.mark.parametrize("text,cpus", [

@@ -19,8 +19,8 @@ from typing import Iterator
 import psutil
 import pytest
 
-from orchestrator.cores import format_cpulist
-from orchestrator.restrict import (Restriction, RestrictionError, choose_mode, detect_layout, process_cgroup,
+from orchestrator.node.cores import format_cpulist
+from orchestrator.node.restrict import (Restriction, RestrictionError, choose_mode, detect_layout, process_cgroup,
                                    read_quota, verify_self, verify_tree)
 
 # A parent with 3 threads and a child with 2 threads; "busy" makes the parent's threads spin.

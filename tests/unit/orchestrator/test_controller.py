@@ -2,11 +2,11 @@
 
 import pytest
 
-from orchestrator.controller import SweepController
-from orchestrator.plan import expand
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.spec import parse_spec
-from orchestrator.trial import IllegalTransition, Trial, TrialState
+from orchestrator.control.controller import SweepController
+from orchestrator.plan.expand import expand
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.spec import parse_spec
+from orchestrator.control.trial import IllegalTransition, Trial, TrialState
 
 
 def plan(max_failures=1):

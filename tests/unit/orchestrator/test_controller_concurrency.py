@@ -14,11 +14,11 @@ from collections import Counter
 
 import pytest
 
-from orchestrator.controller import SweepController
-from orchestrator.plan import chain_key, chains, expand, replica_key, start_key
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.spec import parse_spec
-from orchestrator.trial import TrialState
+from orchestrator.control.controller import SweepController
+from orchestrator.plan.expand import chain_key, chains, expand, replica_key, start_key
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.spec import parse_spec
+from orchestrator.control.trial import TrialState
 
 DUR = 0.2
 

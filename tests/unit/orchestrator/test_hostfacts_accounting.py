@@ -5,9 +5,9 @@ import os
 from collections import namedtuple
 from pathlib import Path
 
-from orchestrator.accounting import CoreAccounting, busy_seconds
-from orchestrator.cores import NodeTopology
-from orchestrator.hostfacts import host_facts
+from orchestrator.node.accounting import CoreAccounting, busy_seconds
+from orchestrator.node.cores import NodeTopology
+from orchestrator.node.hostfacts import host_facts
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from orchestrator.cores import CoreAllocator, NodeTopology
-from orchestrator.placement import Node, NodeBook
-from orchestrator.plan import expand
-from orchestrator.ray_executor import need_of
-from orchestrator.spec import parse_spec
+from orchestrator.node.cores import CoreAllocator, NodeTopology
+from orchestrator.control.placement import Node, NodeBook
+from orchestrator.plan.expand import expand
+from orchestrator.control.ray_executor import need_of
+from orchestrator.plan.spec import parse_spec
 
 
 def _trial(isolation: str, cores: int = 2):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchestrator.placement import ACCEL_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook
+from orchestrator.control.placement import ACCEL_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook
 
 QUICK_S = 0.3  # "at once": well under any refresh interval used below
 

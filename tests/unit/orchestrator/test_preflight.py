@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator import cli
-from orchestrator import preflight as pf
-from orchestrator.models import LLAMA3, QWEN3, ModelError
-from orchestrator.results import ErrorKind
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.plan import preflight as pf
+from orchestrator.plan.models import LLAMA3, QWEN3, ModelError
+from orchestrator.control.results import ErrorKind
+from orchestrator.plan.spec import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 GOOD = {"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
@@ -132,7 +132,7 @@ def test_the_installed_command_fails_fast_too(tmp_path):
 @pytest.fixture
 def no_services(monkeypatch):
     """Starting Ray or MLflow is a test failure: preflight must stop `run` before either."""
-    import orchestrator.services as services
+    import orchestrator.control.services as services
 
     def refuse(*_a, **_k):
         raise AssertionError("a service was started")
@@ -228,11 +228,11 @@ def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
 # ---------------------------------------------------------------- the Ray boundary
 
 def _boundary_exceptions():
-    from orchestrator.cores import CannotFit
-    from orchestrator.ray_executor import TrialFailure
-    from orchestrator.replica import ReplicaError
-    from orchestrator.restrict import RestrictionError
-    from orchestrator.services import ServiceError
+    from orchestrator.node.cores import CannotFit
+    from orchestrator.control.ray_executor import TrialFailure
+    from orchestrator.node.replica import ReplicaError
+    from orchestrator.node.restrict import RestrictionError
+    from orchestrator.control.services import ServiceError
     from workloads.bare import BareError
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError
@@ -267,7 +267,7 @@ def test_exceptions_that_cross_the_ray_boundary_survive_pickling(exc):
     pytest.param(None, ErrorKind.INTERNAL, id="no-cause"),
 ])
 def test_bad_inputs_met_on_a_node_are_config_errors(cause, kind):
-    from orchestrator.ray_executor import _task_error_kind
+    from orchestrator.control.ray_executor import _task_error_kind
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError
 
@@ -280,11 +280,11 @@ def test_bad_inputs_met_on_a_node_are_config_errors(cause, kind):
 def test_a_plain_value_error_is_config_only_when_a_loader_raised_it():
     from ray.exceptions import RayTaskError
 
-    from orchestrator.ray_executor import _task_error_kind
+    from orchestrator.control.ray_executor import _task_error_kind
 
     tb = ('Traceback (most recent call last):\n  File "/r/workloads/loaders/agentic.py", line 66, in '
           "generate_agentic\nValueError: agentic workload 'w': ... exceeds max_context_tokens")
     err = RayTaskError("WorkloadActor.run", tb, ValueError("exceeds"), proctitle="p", pid=1, ip="127.0.0.1")
     dual = err.as_instanceof_cause()  # what ray.get raises
     assert _task_error_kind(dual.cause, str(dual)) is ErrorKind.CONFIG
-    assert _task_error_kind(ValueError("x"), 'File "/r/orchestrator/summary.py"') is ErrorKind.INTERNAL
+    assert _task_error_kind(ValueError("x"), 'File "/r/orchestrator/observe/summary.py"') is ErrorKind.INTERNAL

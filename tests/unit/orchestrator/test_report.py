@@ -2,10 +2,10 @@
 
 import math
 
-from orchestrator.plan import expand
-from orchestrator.report import comparison, render, results_frame
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.spec import parse_spec
+from orchestrator.plan.expand import expand
+from orchestrator.observe.report import comparison, render, results_frame
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.spec import parse_spec
 
 
 def test_speedup_and_knee():
@@ -40,7 +40,7 @@ def test_failed_trials_stay_in_the_table_without_speedup():
 
 
 def test_calibration_pairs_fresh_and_repin():
-    from orchestrator.report import calibration
+    from orchestrator.observe.report import calibration
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
@@ -59,7 +59,7 @@ def test_calibration_pairs_fresh_and_repin():
 def test_costs_of_cores_against_gpus():
     import pandas as pd
 
-    from orchestrator.report import costs
+    from orchestrator.observe.report import costs
 
     df = pd.DataFrame([
         {"trial_id": "a", "gpus": 1, "cores": 1, "status": "COMPLETED", "ttft_p50_s": 0.3, "request_throughput_rps": 5.0},
@@ -73,7 +73,7 @@ def test_costs_of_cores_against_gpus():
 
 
 def test_repeats_are_aggregated_with_their_spread_flagged():
-    from orchestrator.report import spread_warnings
+    from orchestrator.observe.report import spread_warnings
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
@@ -112,7 +112,7 @@ def test_interleaved_and_shuffled_orders_never_run_one_configuration_in_a_row():
 
 
 def test_shared_start_groups_the_windows_of_one_core_count():
-    from orchestrator.ray_executor import start_key
+    from orchestrator.control.ray_executor import start_key
 
     spec = {
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import expand
-from orchestrator.spec import SpecError, load_spec, parse_spec
+from orchestrator.plan.expand import expand
+from orchestrator.plan.spec import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 

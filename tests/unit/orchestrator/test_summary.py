@@ -2,7 +2,7 @@
 
 import math
 
-from orchestrator.summary import crosscheck_metrics, replay_fidelity_of, special_tokens
+from orchestrator.observe.summary import crosscheck_metrics, replay_fidelity_of, special_tokens
 from workloads.records import RequestRecord
 from workloads.trace import Block, Session, Turn
 

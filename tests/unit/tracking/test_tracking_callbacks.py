@@ -1,4 +1,4 @@
-"""Unit tests of orchestrator.tracking's callback fan-out and health check (no MLflow server)."""
+"""Unit tests of orchestrator.observe.tracking's callback fan-out and health check (no MLflow server)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from orchestrator.tracking import CallbackList, mlflow_server_ok
+from orchestrator.observe.tracking import CallbackList, mlflow_server_ok
 
 
 class _Recorder:
@@ -37,7 +37,7 @@ class _Partial:
 def test_callback_list_isolates_failures(caplog: pytest.LogCaptureFixture):
     first, broken, last, partial = _Recorder(), _Broken(), _Recorder(), _Partial()
     cbs = CallbackList([first, broken, last, partial])
-    with caplog.at_level(logging.ERROR, logger="orchestrator.tracking"):
+    with caplog.at_level(logging.ERROR, logger="orchestrator.observe.tracking"):
         cbs.on_sweep_start(None)
         cbs.on_trial_start(None)
         cbs.on_trial_result(None, None)

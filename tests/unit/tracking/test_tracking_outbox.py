@@ -1,4 +1,4 @@
-"""Unit tests of orchestrator.outbox: payloads for MLflow, and the local outbox round trip."""
+"""Unit tests of orchestrator.observe.outbox: payloads for MLflow, and the local outbox round trip."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator import outbox
-from orchestrator.plan import SweepPlan, expand
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.spec import parse_spec
+from orchestrator.observe import outbox
+from orchestrator.plan.expand import SweepPlan, expand
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.spec import parse_spec
 from workloads.records import RequestRecord
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of orchestrator.telemetry: /metrics parsing and deltas, quantiles, sampling, summaries."""
+"""Unit tests of orchestrator.node.telemetry: /metrics parsing and deltas, quantiles, sampling, summaries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from orchestrator.telemetry import (
+from orchestrator.node.telemetry import (
     MetricsSnapshot, TelemetrySampler, delta, histogram_quantile, open_gpu_reader, parse_metrics, summarize_series,
 )
 

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.models import CHATML_TEMPLATE, LLAMA3, QWEN3, _ensure_chat_template
+from orchestrator.plan.models import CHATML_TEMPLATE, LLAMA3, QWEN3, _ensure_chat_template
 from workloads.client import StreamingClient
 from workloads.loaders import TraceError, load_sessions
 from workloads.loaders.recorded import estimate_tokens

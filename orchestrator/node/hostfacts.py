@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from orchestrator.cores import NodeTopology, format_cpulist, parse_cpulist
+from orchestrator.node.cores import NodeTopology, format_cpulist, parse_cpulist
 
 UNKNOWN = "unknown"
 

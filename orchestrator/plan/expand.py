@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from orchestrator.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, StartMode, SweepSpec,
+from orchestrator.plan.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, StartMode, SweepSpec,
                                TelemetrySpec, VllmVariant)
 from workloads.spec import WorkloadSpec
 

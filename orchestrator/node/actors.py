@@ -25,15 +25,15 @@ from typing import Any
 
 import ray
 
-from orchestrator import survivors
-from orchestrator.accounting import CoreAccounting
-from orchestrator.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
-from orchestrator.hostfacts import host_facts
-from orchestrator.models import ModelError, build_shape, tokenizer_file
-from orchestrator.plan import TrialSpec
-from orchestrator.replica import ReplicaError, VllmReplica, free_port
-from orchestrator.restrict import tree_pids, verify_self
-from orchestrator.telemetry import TelemetrySampler, delta, scrape
+from orchestrator.control import survivors
+from orchestrator.node.accounting import CoreAccounting
+from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
+from orchestrator.node.hostfacts import host_facts
+from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
+from orchestrator.node.restrict import tree_pids, verify_self
+from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
 
 
 # ---------------------------------------------------------------- what crosses the Ray boundary
@@ -43,7 +43,7 @@ from orchestrator.telemetry import TelemetrySampler, delta, scrape
 
 @dataclass(frozen=True)
 class NodeError:
-    """A failure on the node, as data. ``kind`` is an :class:`~orchestrator.results.ErrorKind` value."""
+    """A failure on the node, as data. ``kind`` is an :class:`~orchestrator.control.results.ErrorKind` value."""
 
     kind: str
     message: str

@@ -5,7 +5,7 @@ and so are the observers. Retry policy lives here and only here: a retryable fai
 lost, server died, startup timeout) is run again up to ``max_failures`` times; a config error
 never is.
 
-**Concurrency.** The plan is cut into *chains* (:func:`orchestrator.plan.chains`): trials that
+**Concurrency.** The plan is cut into *chains* (:func:`orchestrator.plan.expand.chains`): trials that
 must run one after another on one replica (a repin group, the windows of a shared start) form
 one chain, every other trial is a chain of its own. Up to ``max_concurrent`` lanes run chains
 side by side, each on its own thread with its own executor lane (``executor.lane()``: its own
@@ -28,10 +28,10 @@ import threading
 from collections import deque
 from typing import Callable, Iterable, Protocol
 
-from orchestrator.callbacks import Callback, CallbackList
-from orchestrator.plan import SweepPlan, TrialSpec, chains
-from orchestrator.results import ErrorKind, TrialResult
-from orchestrator.trial import Trial, TrialState
+from orchestrator.control.callbacks import Callback, CallbackList
+from orchestrator.plan.expand import SweepPlan, TrialSpec, chains
+from orchestrator.control.results import ErrorKind, TrialResult
+from orchestrator.control.trial import Trial, TrialState
 
 log = logging.getLogger(__name__)
 

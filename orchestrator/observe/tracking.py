@@ -23,7 +23,7 @@ Filter ``tags.superseded = 'false'`` to see the latest attempt of every trial.
 The child run is created only after the trial ended (``on_trial_result``), in one go, so
 tracking I/O never overlaps the measurement and a crash never leaves a half-run behind.
 When the server is unreachable the result goes to the local outbox (see
-``orchestrator.outbox``) and :func:`sync_outbox` uploads it later.
+``orchestrator.observe.outbox``) and :func:`sync_outbox` uploads it later.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from typing import Any, Iterable, Mapping
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
-from orchestrator import outbox
-from orchestrator.callbacks import Callback, CallbackList
-from orchestrator.plan import SweepPlan, TrialSpec
-from orchestrator.results import TrialResult
-from orchestrator.telemetry import summarize_series
+from orchestrator.observe import outbox
+from orchestrator.control.callbacks import Callback, CallbackList
+from orchestrator.plan.expand import SweepPlan, TrialSpec
+from orchestrator.control.results import TrialResult
+from orchestrator.node.telemetry import summarize_series
 
 log = logging.getLogger(__name__)
 

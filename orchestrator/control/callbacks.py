@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Protocol
 
-from orchestrator.plan import SweepPlan, TrialSpec
-from orchestrator.results import TrialResult
+from orchestrator.plan.expand import SweepPlan, TrialSpec
+from orchestrator.control.results import TrialResult
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
-from orchestrator.models import SHAPES
+from orchestrator.plan.models import SHAPES
 from workloads.spec import WorkloadSpec
 
 
@@ -77,7 +77,7 @@ class ServerSpec(_Strict):
 
     stack: Literal["vllm", "standin"] = Field(
         default="vllm",
-        description="Serving stack (Ray Serve LLM is planned). standin: orchestrator.standin, a latency-emulating "
+        description="Serving stack (Ray Serve LLM is planned). standin: orchestrator.node.standin, a latency-emulating "
                     "stand-in server (not vLLM) for benchmarks of the orchestrator's own scaling only; never a "
                     "result about vLLM.")
     load_format: Literal["auto", "dummy"] = Field(default="dummy", description="dummy = random weights of the real shape.")

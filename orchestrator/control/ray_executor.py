@@ -1,6 +1,6 @@
 """RayTrialExecutor: runs one TrialSpec on a Ray cluster and returns a TrialResult.
 
-Placement: the driver's :class:`~orchestrator.placement.NodeBook` picks a node of the
+Placement: the driver's :class:`~orchestrator.control.placement.NodeBook` picks a node of the
 trial's hardware with room under the sweep's policy (``exclusive``: one trial per node;
 ``packed``: several, on disjoint cores), then a placement group with one bundle
 ``{"CPU": cores, "GPU": gpus}``, pinned to that node (``bundle_label_selector`` on
@@ -42,12 +42,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.cores import format_cpulist
-from orchestrator.node import BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
-from orchestrator.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
-from orchestrator.plan import SweepPlan, TrialSpec, replica_key, start_key
-from orchestrator.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.summary import crosscheck_metrics, replay_fidelity_of, sessions_of, summarize_trial
+from orchestrator.node.cores import format_cpulist
+from orchestrator.node.actors import BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
+from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
+from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
+from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.observe.summary import crosscheck_metrics, replay_fidelity_of, sessions_of, summarize_trial
 
 
 class TrialFailure(Exception):
@@ -61,7 +61,7 @@ class TrialFailure(Exception):
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
     """Ray resources of the trial's placement group (bookkeeping; enforcement is ours). The node, and so
-    its hardware, is chosen by the :class:`~orchestrator.placement.NodeBook`, not by a resource."""
+    its hardware, is chosen by the :class:`~orchestrator.control.placement.NodeBook`, not by a resource."""
     bundle: dict[str, float] = {"CPU": float(cores or trial.cores)}
     if trial.gpus:
         bundle["GPU"] = float(trial.gpus)
@@ -453,8 +453,8 @@ def _task_error_kind(cause: BaseException | None, traceback: str = "") -> ErrorK
     way. So is a plain ValueError raised by a loader (its traceback passes through
     ``workloads/loaders/``). Anything else raised in a task is our bug: ``INTERNAL``.
     """
-    from orchestrator.models import ModelError
-    from orchestrator.spec import SpecError
+    from orchestrator.plan.models import ModelError
+    from orchestrator.plan.spec import SpecError
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError
 

@@ -1,4 +1,4 @@
-"""Enforce, change and verify a process tree's cores: the effects behind ``orchestrator.cores``.
+"""Enforce, change and verify a process tree's cores: the effects behind ``orchestrator.node.cores``.
 
 Three *modes* restrict a replica to a core set:
 
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import psutil
 
-from orchestrator.cores import format_cpulist, parse_cpulist
+from orchestrator.node.cores import format_cpulist, parse_cpulist
 
 Mode = Literal["cpuset", "affinity", "quota"]
 MODES: tuple[str, ...] = ("cpuset", "affinity", "quota")

@@ -6,7 +6,7 @@ fail each trial of ``orchestrator run`` only after Ray, MLflow and a vLLM replic
 trial reads from files is read here first, once, and every problem is reported at once,
 one line each, naming the file and line.
 
-What is checked (the spec's own fields were validated by ``orchestrator.spec``):
+What is checked (the spec's own fields were validated by ``orchestrator.plan.spec``):
 
 - every workload's sessions load with the real loaders (``workloads.loaders.load_sessions``,
   once per distinct workload), so a trace file that is missing or has a bad line fails with
@@ -14,7 +14,7 @@ What is checked (the spec's own fields were validated by ``orchestrator.spec``):
 - a model ``id`` that looks like a local path (starts with ``/``, ``./``, ``../`` or ``~``,
   or names something that exists beside the sweep file) is a folder with ``config.json`` and
   the ``tokenizer.json`` the workload client loads;
-- a model shape's tokenizer is installed or cached (as ``orchestrator.models.tokenizer_dir``
+- a model shape's tokenizer is installed or cached (as ``orchestrator.plan.models.tokenizer_dir``
   looks for it), without downloading it. Missing, the node would fetch it with pip when the
   trial starts, which an offline node cannot do: a warning for ``plan``, an error for ``run``.
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from orchestrator.models import SHAPES, Tokenizer
-from orchestrator.spec import HubModel, ShapeModel, SweepSpec
+from orchestrator.plan.models import SHAPES, Tokenizer
+from orchestrator.plan.spec import HubModel, ShapeModel, SweepSpec
 from workloads.loaders import TraceError, load_sessions
 
 Severity = Literal["error", "warning"]
@@ -136,7 +136,7 @@ def _local_model_problems(model: HubModel, base: Path, cluster: bool) -> list[Pr
 
 
 def tokenizer_location(tok: Tokenizer) -> Path | None:
-    """Where ``orchestrator.models.tokenizer_dir`` would find ``tok`` without fetching it, or None.
+    """Where ``orchestrator.plan.models.tokenizer_dir`` would find ``tok`` without fetching it, or None.
 
     The same two places, in the same order: the installed package, then the set-up-time cache
     (``ORCH_TOKENIZER_CACHE``, else ``~/.cache/cpu-starvation-orchestrator/tokenizers``)."""

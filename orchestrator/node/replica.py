@@ -3,7 +3,7 @@
 The command and environment are pure functions of the TrialSpec (``build_vllm_command``,
 ``server_env``), so a trial's resolved server invocation is known, recorded and testable
 before anything runs. ``VllmReplica`` owns the effects: it launches the server through the
-restriction launcher (``orchestrator.restrict``), so vLLM and every process it forks start
+restriction launcher (``orchestrator.node.restrict``), so vLLM and every process it forks start
 already confined; and ``stop()`` is the one place the replica's processes, cgroup and port
 are released (idempotent; kills the whole process group, then checks nothing is left).
 """
@@ -24,12 +24,12 @@ from typing import Any
 
 import psutil
 
-from orchestrator.cores import format_cpulist, thread_env
-from orchestrator.lifeline import Lifeline
-from orchestrator.net import free_port, http_ok, port_is_free
-from orchestrator.plan import TrialSpec
-from orchestrator.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
-from orchestrator.results import ErrorKind
+from orchestrator.node.cores import format_cpulist, thread_env
+from orchestrator.control.lifeline import Lifeline
+from orchestrator.control.net import free_port, http_ok, port_is_free
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
+from orchestrator.control.results import ErrorKind
 
 # gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
 MULTICAST_OFF_ENV = {
@@ -91,7 +91,7 @@ def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
 def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str) -> list[str]:
     """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win.
 
-    ``server.stack: standin`` runs :mod:`orchestrator.standin` instead, a latency-emulating stand-in
+    ``server.stack: standin`` runs :mod:`orchestrator.node.standin` instead, a latency-emulating stand-in
     for benchmarks of the orchestrator itself (its flags, e.g. ``--ttft-ms``, go in ``vllm.args``)."""
     s = trial.server
     if s.stack == "standin":

@@ -1,7 +1,7 @@
 """Which cores each replica and client of a node gets: pure logic, no effects.
 
 The *restriction* (cgroup cpuset, affinity or quota) that enforces these sets lives in
-``orchestrator.restrict``; this module only decides. Ray's CPU resources are logical, so
+``orchestrator.node.restrict``; this module only decides. Ray's CPU resources are logical, so
 several trials sharing a node would overlap unless one allocator per node hands out
 disjoint core sets. Terms used below:
 

@@ -72,7 +72,7 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     ``run`` is a ``workloads.WorkloadRun``; NaN and None values are dropped, since
     MLflow cannot compare them.
     """
-    from orchestrator.telemetry import summarize_series
+    from orchestrator.node.telemetry import summarize_series
     from workloads.metrics import summarize
 
     out: dict[str, float | None] = {}
