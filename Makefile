@@ -23,7 +23,7 @@ smoke: install
 
 test: install
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 unit: install
 	$(BIN)/python -m pytest -q -m "not integration"
