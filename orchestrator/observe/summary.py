@@ -5,6 +5,11 @@ tokenization cost and the window's first cached tokens) and the server's /metric
 records the ideal prefix-cache hit rates of what was sent (``workloads.cachesim``) beside the
 measured one, so a replay that reuses less than its trace allows is visible, and the harness's
 TTFT against the bare client's.
+
+Two figures say where the requests in flight are: ``client_in_flight_mean`` (what the client had
+outstanding, by Little's law) beside ``server_num_requests_running_mean`` (the mean of vLLM's
+``vllm:num_requests_running`` gauge over the window, from the telemetry series): when far fewer
+run in the engine than are in flight, the rest wait before it, in the API server.
 """
 
 from __future__ import annotations
@@ -66,17 +71,34 @@ def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, 
             if v is not None}
 
 
-def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def in_flight_mean(records: Sequence[Any]) -> float | None:
+    """Mean requests the client had outstanding over the run (Little's law):
+    ``sum(end_ns - sent_ns) / (max(end_ns) - min(sent_ns))`` over every record, whatever its status;
+    None without records or with a zero span."""
+    if not records:
+        return None
+    span = max(r.end_ns for r in records) - min(r.sent_ns for r in records)
+    return sum(r.end_ns - r.sent_ns for r in records) / span if span > 0 else None
+
+
+def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mapping[str, Any]], *,
+                    slo: Any = None) -> dict[str, float]:
     """Workload metrics (from the request records) + server /metrics deltas + telemetry means.
 
-    ``run`` is a ``workloads.WorkloadRun``; NaN and None values are dropped, since
+    ``run`` is a ``workloads.WorkloadRun``; ``slo`` an ``orchestrator.plan.spec.SloSpec`` (or None):
+    with it, ``goodput_rps`` (ok requests within every given SLO per second of the run) and the SLO
+    itself (``slo_ttft_s``, ``slo_tpot_s``) are recorded. NaN and None values are dropped, since
     MLflow cannot compare them.
     """
     from orchestrator.node.telemetry import summarize_series
     from workloads.metrics import summarize
 
+    ttft_slo = getattr(slo, "ttft_s", None)
+    tpot_slo = getattr(slo, "tpot_s", None)
     out: dict[str, float | None] = {}
-    out.update(summarize(run.records))
+    out.update(summarize(run.records, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo))
+    out["slo_ttft_s"], out["slo_tpot_s"] = ttft_slo, tpot_slo
+    out["client_in_flight_mean"] = in_flight_mean(run.records)
     out.update(server)
     out.update(summarize_series(list(rows)))
     out["client_cpu_s"] = float(run.client_cpu_s)
@@ -84,4 +106,4 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["crosscheck_metrics", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]
+__all__ = ["crosscheck_metrics", "in_flight_mean", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]

@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from orchestrator.plan.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, StartMode, SweepSpec,
-                               TelemetrySpec, VllmVariant)
+from orchestrator.plan.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, SloSpec, StartMode,
+                                    SweepSpec, TelemetrySpec, VllmVariant)
 from workloads.spec import WorkloadSpec
 
 
-IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn"}}
+IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn"}, "slo": True}
 
 
 class TrialSpec(BaseModel):
@@ -43,6 +43,7 @@ class TrialSpec(BaseModel):
     api_servers: int = Field(default=1, ge=1, description="vLLM --api-server-count.")
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    slo: SloSpec | None = Field(default=None, description="The sweep's SLOs for goodput; not part of the identity.")
 
     @model_validator(mode="before")
     @classmethod
@@ -62,8 +63,8 @@ class TrialSpec(BaseModel):
         """sha256 of the canonical JSON of every defining field, first 12 hex digits.
 
         The sweep-level parts of the protocol (trial order, its seed, the report's spread threshold)
-        do not change what a trial measures, so they are not part of its identity: reordering a
-        sweep resumes it."""
+        and the SLO (a yardstick applied to what was measured) do not change what a trial measures,
+        so they are not part of its identity: reordering a sweep, or setting an SLO, resumes it."""
         return trial_hash(self.model_dump(mode="json", exclude=IDENTITY_EXCLUDE))
 
     @property
@@ -125,7 +126,8 @@ def expand(spec: SweepSpec) -> SweepPlan:
         return TrialSpec(
             sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
             start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
-            repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry)
+            repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry,
+            slo=spec.slo)
 
     for model, hw, gpus, variant, api_servers, start, restriction in itertools.product(
         spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, starts, g.restriction,

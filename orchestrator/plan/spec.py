@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
 from orchestrator.plan.models import SHAPES
 from workloads.spec import WorkloadSpec
@@ -152,6 +153,27 @@ class TelemetrySpec(_Strict):
     gpu: bool = Field(default=True, description="GPU utilisation and memory through NVML, with the host samples.")
 
 
+class SloSpec(_Strict):
+    """Service-level objectives a request must meet to count as good (goodput); not a factor.
+
+    A sweep-wide yardstick, not part of what a trial measures: changing it does not change any
+    ``trial_id``, so a finished trial keeps the goodput of the SLO it ran with (its records hold
+    what is needed to recount it).
+    """
+
+    ttft_s: float | None = Field(default=None, gt=0, le=3600,
+                                 description="Time to first token a good request stays within, in seconds.")
+    tpot_s: float | None = Field(default=None, gt=0, le=3600,
+                                 description="Time per output token (after the first) a good request stays within, "
+                                             "in seconds.")
+
+    @model_validator(mode="after")
+    def _some(self) -> "SloSpec":
+        if self.ttft_s is None and self.tpot_s is None:
+            raise ValueError("give ttft_s, tpot_s or both (or leave slo out)")
+        return self
+
+
 class Grid(_Strict):
     """The factors crossed into trials. Every list is one axis of the grid."""
 
@@ -207,6 +229,10 @@ class SweepSpec(_Strict):
     client: ClientSpec = Field(default_factory=ClientSpec, description="Workload client placement.")
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec, description="How each window starts; trial order.")
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Sampling during the window.")
+    slo: SloSpec | None = Field(
+        default=None,
+        description="Optional SLOs (ttft_s, tpot_s); each trial then records goodput_rps, the ok requests per second "
+                    "that met them. Not part of a trial's identity.")
     repeats: int = Field(default=1, ge=1, le=100, description="Repeats of each combination.")
     max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure "
                                                                    "(on another node when there is one).")
@@ -335,6 +361,6 @@ def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
     return spec.model_copy(update={"workloads": tuple(workloads)})
 
 
-__all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ProtocolSpec", "ServerSpec", "ShapeModel", "SpecError",
-           "TelemetrySpec",
+__all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ProtocolSpec", "ServerSpec", "ShapeModel", "SloSpec",
+           "SpecError", "TelemetrySpec",
            "SweepSpec", "VllmVariant", "load_spec", "parse_spec"]

@@ -133,3 +133,47 @@ def test_repin_runs_descending_and_calibration_adds_the_missing_mode():
     assert got == [("fresh", 1), ("fresh", 2), ("fresh", 4), ("repin", 4), ("repin", 1)]
     plan = expand(parse_spec(base(grid={"cores": [1, 2, 4], "start": ["repin"]})))
     assert [t.cores for t in plan.trials] == [4, 2, 1]
+
+
+@pytest.mark.parametrize("slo, field", [
+    ({"ttft_s": 0}, "slo.ttft_s"),
+    ({"tpot_s": -0.1}, "slo.tpot_s"),
+    ({"ttft_s": "fast"}, "slo.ttft_s"),
+    ({"ttft": 1.0}, "slo.ttft"),
+    ({}, "slo: Value error, give ttft_s, tpot_s or both"),
+])
+def test_bad_slo_fields_are_named(slo, field):
+    with pytest.raises(SpecError) as err:
+        parse_spec(base(slo=slo), "x.yaml")
+    assert "x.yaml" in str(err.value) and field in str(err.value)
+
+
+def test_slo_error_gives_the_line(tmp_path):
+    f = tmp_path / "s.yaml"
+    text = (ROOT / "sweeps" / "smoke.yaml").read_text()
+    assert "  tpot_s: 0.25" in text
+    f.write_text(text.replace("  tpot_s: 0.25", "  tpot_s: -1"))
+    with pytest.raises(SpecError) as err:
+        load_spec(f)
+    line = next(i for i, s in enumerate(f.read_text().splitlines(), 1) if "tpot_s: -1" in s)
+    assert f"s.yaml:{line}: slo.tpot_s" in str(err.value)
+
+
+def test_slo_is_not_part_of_the_trial_id():
+    without = expand(parse_spec(base())).trials
+    with_slo = expand(parse_spec(base(slo={"ttft_s": 1.5, "tpot_s": 0.1}))).trials
+    other = expand(parse_spec(base(slo={"ttft_s": 3.0}))).trials
+    assert [t.trial_id for t in without] == [t.trial_id for t in with_slo] == [t.trial_id for t in other]
+    assert all(t.slo is not None and t.slo.ttft_s == 1.5 and t.slo.tpot_s == 0.1 for t in with_slo)
+    assert all(t.slo is None for t in without)
+    # a trial's JSON (with its SLO) reads back, its trial_id checked against the fields
+    back = type(with_slo[0]).model_validate_json(with_slo[0].model_dump_json())
+    assert back == with_slo[0] and back.trial_id == without[0].trial_id
+
+
+def test_smoke_sweep_slo_leaves_its_trial_ids():
+    spec = load_spec(ROOT / "sweeps" / "smoke.yaml")
+    assert spec.slo is not None
+    plan = expand(spec)
+    bare = expand(spec.model_copy(update={"slo": None}))
+    assert [t.trial_id for t in plan.trials] == [t.trial_id for t in bare.trials]

@@ -47,3 +47,47 @@ def test_crosscheck_ratio_of_ok_bare_rows() -> None:
     out = crosscheck_metrics(harness, bare)
     assert math.isclose(out["crosscheck_ttft_p50_ratio"], 1.0) and out["crosscheck_bare_count"] == 3
     assert out["crosscheck_ttft_p90_ratio"] < 1.0  # the bare client's tail was slower here
+
+
+class _Run:
+    """The part of a workloads.WorkloadRun that summarize_trial reads."""
+
+    def __init__(self, records):
+        self.records, self.client_cpu_s, self.wall_s = tuple(records), 0.5, 1.0
+
+
+def timed(rid: str, sent_ms: float, ttft_ms: float, end_ms: float, tokens: int) -> RequestRecord:
+    sent, first, end = int(sent_ms * MS), int((sent_ms + ttft_ms) * MS), int(end_ms * MS)
+    return RequestRecord(request_id=rid, session_id=rid.split(":")[0], turn=int(rid.split(":")[1]),
+                         scheduled_ns=sent, sent_ns=sent, first_token_ns=first, token_ns=(first, end), end_ns=end,
+                         prompt_tokens=10, completion_tokens=tokens, cached_tokens=0, client_prompt_tokens=10,
+                         tokenize_ns=0, status="ok")
+
+
+# Over 1 s: a fast request, one slow to its first token, one slow per output token.
+SLO_RECORDS = [timed("a:0", 0, 100, 500, 11), timed("b:0", 0, 900, 1000, 2), timed("c:0", 0, 100, 1000, 4)]
+
+
+def test_goodput_counts_the_requests_within_the_slo() -> None:
+    from orchestrator.observe.summary import summarize_trial
+    from orchestrator.plan.spec import SloSpec
+
+    rows = [{"t": 1.0, "name": "server_num_requests_running", "value": 1.0},
+            {"t": 2.0, "name": "server_num_requests_running", "value": 2.0}]
+    plain = summarize_trial(_Run(SLO_RECORDS), {}, rows)
+    assert "goodput_rps" not in plain and "slo_ttft_s" not in plain
+    assert math.isclose(plain["server_num_requests_running_mean"], 1.5)
+    # a:0 0.5 s, b:0 1.0 s, c:0 1.0 s outstanding over a 1 s span
+    assert math.isclose(plain["client_in_flight_mean"], 2.5)
+    ttft = summarize_trial(_Run(SLO_RECORDS), {}, [], slo=SloSpec(ttft_s=0.5))
+    assert math.isclose(ttft["goodput_rps"], 2.0) and ttft["slo_ttft_s"] == 0.5 and "slo_tpot_s" not in ttft
+    # c:0 takes 0.9 s for 3 tokens after its first (0.3 s each); a:0 0.04 s each; b:0 0.1 s
+    both = summarize_trial(_Run(SLO_RECORDS), {}, [], slo=SloSpec(ttft_s=0.5, tpot_s=0.2))
+    assert math.isclose(both["goodput_rps"], 1.0) and both["slo_tpot_s"] == 0.2
+
+
+def test_in_flight_mean_without_a_span() -> None:
+    from orchestrator.observe.summary import in_flight_mean
+
+    assert in_flight_mean([]) is None
+    assert in_flight_mean([timed("a:0", 5, 0, 5, 1)]) is None
