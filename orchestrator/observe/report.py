@@ -5,11 +5,13 @@
 - Speedup: TTFT p50 at the group's fewest cores divided by TTFT p50 here
   (the paper reports 1.47-7.11x between starved and adequate cores).
 - Knee: the fewest cores whose TTFT p50 is within ``tolerance`` of the group's best.
+- A core count where most requests timed out (``timeout_rate > TIMEOUT_MAJORITY``) gets neither a
+  speedup nor the knee: its TTFT describes the few requests that finished, not the configuration.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -17,6 +19,7 @@ import pandas as pd
 CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "workload", "text_style", "restriction", "start"]
 GROUP = [*CONFIG, "repeat"]  # one trial's identity apart from cores (the raw frames keep the repeat)
 SPREAD_WARN = 0.10
+TIMEOUT_MAJORITY = 0.5
 COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
            "ttft_p99_s", "e2e_p50_s", "p50_spread", "spread_flag", "speedup_p50", "knee",
            # CPU attribution, utilisation and fidelity, for the CSV (means over repeats)
@@ -41,21 +44,33 @@ def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def trial_row(params: Mapping[str, Any], tags: Mapping[str, Any], metrics: Mapping[str, Any],
+              finished: bool) -> dict[str, Any]:
+    """One row of :func:`runs_frame` from a tracked trial's params, tags and metrics (params are strings)."""
+    row = {"trial_id": tags["trial_id"], **{k: params.get(k) for k in GROUP}, "cores": int(params.get("cores", 0)),
+           "status": "COMPLETED" if finished else "FAILED", "error_kind": tags.get("error_kind", ""),
+           **{k: v for k, v in metrics.items() if not str(k).startswith("ts/")}}
+    row["api_servers"] = row.get("api_servers") or "1"  # runs from before the axis existed
+    for k in ("gpus", "repeat", "api_servers"):
+        row[k] = int(row[k]) if row.get(k) is not None else None
+    return row
+
+
 def runs_frame(runs: Iterable[Any]) -> pd.DataFrame:
     """Rows like :func:`results_frame`, from MLflow child runs (params are strings there)."""
     rows = []
     for r in runs:
-        p, tags = r.data.params, r.data.tags
+        tags = r.data.tags
         if "trial_id" not in tags or tags.get("superseded") == "true":
             continue
-        row = {"trial_id": tags["trial_id"], **{k: p.get(k) for k in GROUP}, "cores": int(p.get("cores", 0)),
-               "status": "COMPLETED" if r.info.status == "FINISHED" else "FAILED",
-               "error_kind": tags.get("error_kind", ""), **r.data.metrics}
-        row["api_servers"] = row.get("api_servers") or "1"  # runs from before the axis existed
-        for k in ("gpus", "repeat", "api_servers"):
-            row[k] = int(row[k]) if row.get(k) is not None else None
-        rows.append(row)
+        rows.append(trial_row(r.data.params, tags, r.data.metrics, r.info.status == "FINISHED"))
     return pd.DataFrame(rows)
+
+
+def payloads_frame(payloads: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows like :func:`runs_frame`, from outbox trial payloads (``outbox.trial_payload``) not uploaded yet."""
+    return pd.DataFrame([trial_row(p["params"], p["tags"], p["metrics"], p["status"] == "FINISHED")
+                         for p in payloads])
 
 
 def aggregate(df: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> pd.DataFrame:
@@ -98,7 +113,8 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10, spread_warn: float = S
     """:func:`aggregate`, plus ``speedup_p50`` and ``knee`` per configuration (trials that differ only in cores).
 
     Speedup: TTFT p50 at the configuration's fewest cores / TTFT p50 here. Knee: the fewest cores whose
-    TTFT p50 is within ``tolerance`` of the configuration's best.
+    TTFT p50 is within ``tolerance`` of the configuration's best. Core counts without a TTFT p50, or
+    where most requests timed out (see the module docstring), are left out of both.
     """
     df = aggregate(df, spread_warn)
     if df.empty:
@@ -107,7 +123,7 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10, spread_warn: float = S
     df["knee"] = ""
     for _, idx in df.groupby(CONFIG, dropna=False).groups.items():
         g = df.loc[idx].sort_values("cores")
-        ok = g[g["ttft_p50_s"].notna()]
+        ok = g[g["ttft_p50_s"].notna() & ~(g["timeout_rate"] > TIMEOUT_MAJORITY)]
         if ok.empty:
             continue
         base = ok.iloc[0]["ttft_p50_s"]
@@ -188,5 +204,5 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["CONFIG", "GROUP", "aggregate", "calibration", "comparison", "costs", "render", "results_frame", "runs_frame",
-           "spread_warnings"]
+__all__ = ["CONFIG", "GROUP", "TIMEOUT_MAJORITY", "aggregate", "calibration", "comparison", "costs", "payloads_frame",
+           "render", "results_frame", "runs_frame", "spread_warnings", "trial_row"]

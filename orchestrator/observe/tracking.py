@@ -104,6 +104,20 @@ def trial_runs(client: MlflowClient, sweep: str) -> list[Any]:
                                                    "and tags.superseded = 'false'")
 
 
+def parent_run(client: MlflowClient, sweep: str) -> Any | None:
+    """The parent run of ``sweep`` (the oldest run tagged as its sweep run), or None."""
+    exp = client.get_experiment_by_name(sweep)
+    if exp is None:
+        return None
+    run_id = _find_parent(client, exp.experiment_id, sweep)
+    return client.get_run(run_id) if run_id else None
+
+
+def log_report(client: MlflowClient, parent_run_id: str, folder: Path, artifact_path: str = "report") -> None:
+    """Log a written report folder (``index.html``, plots, CSVs) as artifacts of the sweep's parent run."""
+    client.log_artifacts(parent_run_id, str(folder), artifact_path)
+
+
 def _experiment_id(client: MlflowClient, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -420,5 +434,5 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
     return uploaded, remaining
 
 
-__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "mlflow_server_ok",
-           "sync_outbox", "trial_runs", "upload_trial"]
+__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "log_report", "mlflow_server_ok",
+           "parent_run", "sync_outbox", "trial_runs", "upload_trial"]

@@ -1,0 +1,202 @@
+"""The sweep report's tables, from trials and their per-request records (pure).
+
+- **aggregated**: :func:`report.comparison` (one row per configuration and core count, repeats
+  aggregated), plus bootstrap intervals of TTFT p50/p90/p99 (:mod:`orchestrator.observe.stats`),
+  the frontend share of TTFT (``server_frontend_s_mean / server_ttft_s_mean``), goodput under
+  the report's SLOs and the heatmap cell's label.
+- **trials**: one row per trial, with the SLO goodput of its own records.
+- **heatmap**: configurations against cores; a cell is the speedup ``TTFT p50 at the fewest cores /
+  TTFT p50 here``, or ``timeout`` / ``failed`` where there is no figure worth a number.
+
+Goodput under SLOs: requests per second that met every SLO,
+``workloads.metrics.goodput_count(records) / workloads.metrics.duration_s(records)`` per trial,
+the mean over a cell's completed repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.observe import stats
+from orchestrator.observe.report import CONFIG, COLUMNS, TIMEOUT_MAJORITY, comparison
+
+QUANTILES = (0.5, 0.9, 0.99)
+RECORD_COLUMNS = ("status", "scheduled_ns", "sent_ns", "first_token_ns", "end_ns", "completion_tokens")
+TIMEOUT_KINDS = ("startup_timeout",)  # error kinds shown as "timeout" rather than "failed"
+CI_COLUMNS = [f"ttft_{p}_{end}" for p in ("p50", "p90", "p99") for end in ("lo", "hi")]
+# Figures that CPU-only trials (no NVML, no vLLM /metrics) do not record: "not recorded", never 0.
+SIDE_FIGURES = {"timeout_rate": "timeout rate", "gpu0_util_mean": "GPU 0 utilisation (%)",
+                "replica_cpu_util_mean": "replica CPU utilisation (%)", "frontend_share": "frontend share of TTFT"}
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives for goodput; ``source`` says where they came from (flags, the sweep)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    source: str = ""
+
+    @property
+    def given(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+    def describe(self) -> str:
+        parts = [f"TTFT <= {self.ttft_s:g} s" if self.ttft_s is not None else "",
+                 f"TPOT <= {self.tpot_s:g} s" if self.tpot_s is not None else ""]
+        text = " and ".join(p for p in parts if p)
+        return f"{text} (from {self.source})" if text and self.source else text or "none"
+
+
+def merge_slo(flags: Slo, sweep: Slo) -> Slo:
+    """Each target from the flags when given there, else from the sweep's ``slo:`` section."""
+    ttft = flags.ttft_s if flags.ttft_s is not None else sweep.ttft_s
+    tpot = flags.tpot_s if flags.tpot_s is not None else sweep.tpot_s
+    from_sweep = (flags.ttft_s is None and sweep.ttft_s is not None) or (flags.tpot_s is None and sweep.tpot_s is not None)
+    used = (("the command line", flags.given), (sweep.source or "the sweep", from_sweep))
+    return Slo(ttft, tpot, " and ".join(name for name, on in used if on))
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report is asked for: knee tolerance, SLOs, prices and the bootstrap's settings."""
+
+    tolerance: float = 0.10
+    slo: Slo = Slo()
+    core_hour_usd: float | None = None
+    gpu_hour_usd: float | None = None
+    n_boot: int = stats.N_BOOT
+    level: float = stats.LEVEL
+    seed: int = 0
+
+    @property
+    def priced(self) -> bool:
+        return self.core_hour_usd is not None and self.gpu_hour_usd is not None
+
+
+def ttft_values(records: pd.DataFrame) -> np.ndarray:
+    """TTFT seconds of ok requests with a first token: ``(first_token_ns - sent_ns) / 1e9`` (as
+    ``workloads.metrics.ttft_s``)."""
+    ok = records[(records["status"] == "ok") & records["first_token_ns"].notna()]
+    return ((ok["first_token_ns"].astype("int64") - ok["sent_ns"].astype("int64")) / 1e9).to_numpy(np.float64)
+
+
+def slo_goodput(records: pd.DataFrame, slo: Slo) -> tuple[float, float]:
+    """(requests per second meeting every SLO, share of requests meeting them); NaN without SLOs or records."""
+    from workloads.metrics import duration_s, goodput_count
+    from workloads.records import frame_to_records
+
+    if not slo.given or records is None or not len(records):
+        return math.nan, math.nan
+    recs = frame_to_records(records)
+    good = goodput_count(recs, ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s)
+    span = duration_s(recs)
+    return (good / span if span > 0 else math.nan), good / len(recs)
+
+
+def trial_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], slo: Slo) -> pd.DataFrame:
+    """The trials, one row each, with ``records`` (how many were read) and the SLO goodput of each."""
+    out = trials.copy()
+    if out.empty:
+        return out.assign(records=pd.Series(dtype="Int64"))
+    got = [records.get(t) for t in out["trial_id"]]
+    out["records"] = pd.array([len(r) if r is not None else None for r in got], dtype="Int64")
+    pairs = [slo_goodput(r, slo) if r is not None else (math.nan, math.nan) for r in got]
+    out["slo_goodput_rps"] = [p[0] for p in pairs]
+    out["slo_met_share"] = [p[1] for p in pairs]
+    return out.sort_values([c for c in (*CONFIG, "cores", "repeat") if c in out], na_position="first")
+
+
+def _cell_label(row: pd.Series, failed_kinds: Sequence[str]) -> str:
+    """``timeout`` / ``failed`` where the cell has no TTFT worth a number, else ``""``."""
+    if row["status"] == "FAILED":
+        return "timeout" if failed_kinds and all(k in TIMEOUT_KINDS for k in failed_kinds) else "failed"
+    if pd.isna(row["ttft_p50_s"]):
+        return "timeout" if row.get("timeouts", 0) and row["timeouts"] > 0 else "failed"
+    if row.get("timeout_rate") is not None and row["timeout_rate"] > TIMEOUT_MAJORITY:
+        return "timeout"
+    return ""
+
+
+def aggregated_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], opts: ReportOptions) -> pd.DataFrame:
+    """:func:`report.comparison` with CI, frontend-share, SLO-goodput and heatmap-cell columns (see the module
+    docstring). ``ci_repeats``/``ci_requests``: the completed repeats with records, and their ok requests."""
+    table = comparison(trials, tolerance=opts.tolerance)
+    if table.empty:
+        return table.reindex(columns=[*COLUMNS, *CI_COLUMNS, "ci_repeats", "ci_requests", "frontend_share",
+                                      "slo_goodput_rps", "slo_met_share", "cell"])
+    per_trial = trial_table(trials, records, opts.slo).set_index("trial_id")
+    out = []
+    for _, row in table.iterrows():
+        ids = [t for t in str(row["trials"]).split(",") if t in per_trial.index]
+        done = [t for t in ids if per_trial.at[t, "status"] == "COMPLETED"]
+        samples = [ttft_values(records[t]) for t in done if t in records]
+        key = "|".join(str(row[c]) for c in (*CONFIG, "cores"))
+        ci = stats.bootstrap_quantiles(samples, QUANTILES, n_boot=opts.n_boot, level=opts.level,
+                                       seed=stats.cell_seed(opts.seed, key))
+        extra: dict[str, Any] = {}
+        for p, iv in zip(("p50", "p90", "p99"), ci):
+            extra[f"ttft_{p}_lo"], extra[f"ttft_{p}_hi"] = iv.low, iv.high
+        extra["ci_repeats"] = sum(len(s) > 0 for s in samples)
+        extra["ci_requests"] = int(sum(len(s) for s in samples))
+        front, total = row.get("server_frontend_s_mean"), row.get("server_ttft_s_mean")
+        extra["frontend_share"] = front / total if pd.notna(front) and pd.notna(total) and total > 0 else math.nan
+        extra["slo_goodput_rps"] = per_trial.loc[done, "slo_goodput_rps"].mean() if done else math.nan
+        extra["slo_met_share"] = per_trial.loc[done, "slo_met_share"].mean() if done else math.nan
+        failed = [str(per_trial.at[t, "error_kind"]) for t in ids if per_trial.at[t, "status"] != "COMPLETED"]
+        extra["cell"] = _cell_label(row, failed)
+        out.append(extra)
+    return pd.concat([table.reset_index(drop=True), pd.DataFrame(out)], axis=1)
+
+
+def configurations(table: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """(configuration key, its rows sorted by cores), in the table's order."""
+    if table.empty:
+        return []
+    groups = table.groupby(CONFIG, dropna=False, sort=True)
+    return [(key if isinstance(key, tuple) else (key,), g.sort_values("cores")) for key, g in groups]
+
+
+def config_labels(table: pd.DataFrame) -> dict[tuple[Any, ...], str]:
+    """A short name per configuration: the factors that differ between the sweep's configurations
+    (model and workload always), as ``factor=value`` joined by spaces."""
+    keys = [k for k, _ in configurations(table)]
+    varying = [c for i, c in enumerate(CONFIG) if len({k[i] for k in keys}) > 1 or c in ("model", "workload")]
+    labels = {}
+    for k in keys:
+        parts = [str(k[CONFIG.index(c)]) if c in ("model", "workload") else f"{c}={k[CONFIG.index(c)]}"
+                 for c in varying]
+        labels[k] = " ".join(parts)
+    return labels
+
+
+def knee(rows: pd.DataFrame) -> int | None:
+    """The observed knee of one configuration's rows (:func:`report.comparison`'s ``knee`` mark)."""
+    marked = rows[rows["knee"] == "<- knee"]["cores"]
+    return int(marked.iloc[0]) if len(marked) else None
+
+
+def heatmap_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows: configurations (by :func:`config_labels`); columns: cores; cells: ``"2.31"`` (the speedup),
+    ``timeout``, ``failed``, or ``""`` where that core count was not in the configuration's grid."""
+    labels = config_labels(table)
+    cores = sorted({int(c) for c in table["cores"]}) if len(table) else []
+    rows = {}
+    for key, g in configurations(table):
+        cells = {c: "" for c in cores}
+        for _, r in g.iterrows():
+            cells[int(r["cores"])] = r["cell"] or ("" if pd.isna(r["speedup_p50"]) else f"{r['speedup_p50']:.2f}")
+        rows[labels[key]] = cells
+    frame = pd.DataFrame.from_dict(rows, orient="index", columns=cores)
+    frame.index.name = "configuration"
+    return frame
+
+
+__all__ = ["CI_COLUMNS", "QUANTILES", "RECORD_COLUMNS", "SIDE_FIGURES", "ReportOptions", "Slo", "aggregated_table",
+           "config_labels", "configurations", "heatmap_table", "knee", "merge_slo", "slo_goodput", "trial_table",
+           "ttft_values"]

@@ -1,0 +1,167 @@
+"""The sweep report as a folder: ``index.html``, ``plots/*.png`` and three CSVs (effects).
+
+Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<sweep>/``)::
+
+    index.html       the page (orchestrator.observe.report_html): offline, PNGs by relative path
+    aggregated.csv   one row per configuration x cores, with the TTFT intervals (report_tables.aggregated_table)
+    trials.csv       one row per trial (report_tables.trial_table)
+    heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (report_tables.heatmap_table)
+    plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.plots)
+
+:func:`publish` reads the sweep (MLflow, else the outbox: :mod:`orchestrator.observe.report_data`),
+writes the folder and logs it under ``report/`` to the sweep's parent run when the trials came from
+MLflow. The same inputs and seed write the same files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.observe import plots
+from orchestrator.observe.report import CONFIG, costs
+from orchestrator.observe.report_data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
+from orchestrator.observe.report_extras import extras_for, missing_sections
+from orchestrator.observe.report_html import Page, Section, render
+from orchestrator.observe.report_tables import (ReportOptions, aggregated_table, config_labels, configurations,
+                                                heatmap_table, knee, merge_slo, trial_table)
+
+log = logging.getLogger(__name__)
+CSVS = {"aggregated": "aggregated.csv", "trials": "trials.csv", "heatmap": "heatmap.csv"}
+_COST_COLUMNS = ["cores", "gpus", "ttft_p50_s", "request_throughput_rps", "hourly_usd", "core_share",
+                 "usd_per_1k_requests"]
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What :func:`write_report` wrote, and the aggregated table it is built on."""
+
+    folder: Path
+    index: Path
+    csvs: dict[str, Path]
+    plots: list[Path]
+    table: pd.DataFrame
+    opts: ReportOptions
+
+
+@dataclass(frozen=True)
+class Published:
+    """:func:`publish`'s outcome: the files, where the trials came from, and the MLflow run they went to."""
+
+    files: ReportFiles
+    data: SweepData
+    logged_to: str | None = None   # the parent run id holding report/
+    warning: str | None = None     # why the folder was not logged
+
+
+def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts: ReportOptions,
+             plot_dir: Path) -> tuple[Section, list[Path]]:
+    anchor = f"config-{i + 1}"
+    extras = extras_for(rows, opts)
+    observed = knee(rows)
+    written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
+                               predicted=extras.predicted),
+               plots.side_plot(rows, plot_dir / f"{anchor}-side.png", title=label)]
+    if opts.slo.given:
+        written.append(plots.goodput_plot(rows, plot_dir / f"{anchor}-goodput.png", title=label, slo=opts.slo))
+    if extras.holdout is not None:
+        written.append(plots.holdout_plot(extras.holdout, plot_dir / f"{anchor}-holdout.png", title=label))
+    names = {p.stem.removeprefix(f"{anchor}-"): f"plots/{p.name}" for p in written}
+    bill = None
+    if opts.priced:
+        bill = costs(rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd)
+        bill = bill.reindex(columns=[c for c in _COST_COLUMNS if c in bill])
+    section = Section(anchor=anchor, label=label, factors=dict(zip(CONFIG, key)), rows=rows, knee=observed,
+                      extras=extras, plots=names, costs=bill)
+    return section, written
+
+
+def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportFiles:
+    """Write the report folder of ``data`` into ``out_dir`` (see the module docstring). ``opts.slo`` holds
+    the command line's SLOs; a target it leaves out is taken from the sweep's own ``slo:``."""
+    opts = dataclasses.replace(opts, slo=merge_slo(opts.slo, data.slo))
+    out_dir = Path(out_dir)
+    plot_dir = out_dir / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    for old in plot_dir.glob("*.png"):  # a configuration gone since the last report leaves no figure behind
+        old.unlink()
+    table = aggregated_table(data.trials, data.records, opts)
+    per_trial = trial_table(data.trials, data.records, opts.slo)
+    heat = heatmap_table(table)
+    csvs = {name: out_dir / file for name, file in CSVS.items()}
+    table.to_csv(csvs["aggregated"], index=False)
+    per_trial.to_csv(csvs["trials"], index=False)
+    heat.to_csv(csvs["heatmap"])
+    labels = config_labels(table)
+    sections, written = [], []
+    for i, (key, rows) in enumerate(configurations(table)):
+        section, files = _section(i, key, rows, labels[key], opts, plot_dir)
+        sections.append(section)
+        written += files
+    heat_png = None
+    if len(table):
+        written.append(plots.heatmap_plot(table, labels, plot_dir / "heatmap.png"))
+        heat_png = "plots/heatmap.png"
+    page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
+                heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({f})": f for n, f in CSVS.items()},
+                notes=data.notes, missing=missing_sections())
+    index = out_dir / "index.html"
+    index.write_text(render(page), encoding="utf-8")
+    return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts)
+
+
+def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path) -> SweepData:
+    """The sweep's trials from MLflow at ``uri``, or from the outbox when MLflow is unreachable, fails or has no
+    trials of it. :class:`ReportInputError` when neither has any."""
+    from orchestrator.observe.tracking import mlflow_server_ok
+
+    reason = "no MLflow tracking URI"
+    if uri:
+        reason = f"MLflow at {uri} is unreachable"
+        if mlflow_server_ok(uri):
+            from mlflow import MlflowClient
+
+            try:
+                data = from_mlflow(MlflowClient(uri), sweep, source=f"MLflow at {uri}")
+            except ReportInputError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (a server that answers /health but fails a search)
+                data, reason = None, f"MLflow at {uri} failed: {type(exc).__name__}: {exc}"
+            else:
+                reason = f"MLflow at {uri} has no trials of {sweep!r}"
+            if data is not None:
+                note = pending_note(outbox_dir, sweep)
+                return dataclasses.replace(data, notes=(*data.notes, note)) if note else data
+    data = from_outbox(outbox_dir, sweep, reason=reason)
+    if data is None:
+        raise ReportInputError(f"no trials of sweep {sweep!r}: {reason}, and none in the outbox {outbox_dir}")
+    return data
+
+
+def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opts: ReportOptions) -> Published:
+    """Read the sweep (:func:`load_sweep`), write its report into ``out_dir`` and, when it came from MLflow, log
+    the folder as ``report/`` artifacts of its parent run (a failure to log is a warning, not an error)."""
+    data = load_sweep(sweep, uri=uri, outbox_dir=outbox_dir)
+    files = write_report(data, out_dir, opts)
+    if data.kind != "mlflow" or not uri:
+        return Published(files, data)
+    if data.parent_run_id is None:
+        return Published(files, data, warning=f"sweep {sweep!r} has no parent run in MLflow to log the report to")
+    from mlflow import MlflowClient
+
+    from orchestrator.observe.tracking import log_report
+
+    try:
+        log_report(MlflowClient(uri), data.parent_run_id, files.folder)
+    except Exception as exc:  # noqa: BLE001 (the folder is written; MLflow trouble only costs the copy)
+        log.warning("report of %s not logged to MLflow: %s", sweep, exc)
+        return Published(files, data, warning=f"not logged to MLflow: {type(exc).__name__}: {exc}")
+    return Published(files, data, logged_to=data.parent_run_id)
+
+
+__all__ = ["CSVS", "Published", "ReportFiles", "load_sweep", "publish", "write_report"]
