@@ -10,6 +10,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One vLLM cache root for the whole test session, as a team shares one across trials and nodes
+    (``VLLM_CACHE_ROOT``): the tiny shape's torch.compile runs once, not in every test's fresh home."""
+    saved = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
+    yield os.environ["VLLM_CACHE_ROOT"]
+    if saved is None:
+        os.environ.pop("VLLM_CACHE_ROOT", None)
+    else:
+        os.environ["VLLM_CACHE_ROOT"] = saved
+
+
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory):
     """Start a real ``mlflow server`` for the session and stop its process group afterwards."""

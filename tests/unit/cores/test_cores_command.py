@@ -81,6 +81,7 @@ def test_cpu_env() -> None:
     assert env["VLLM_CACHE_ROOT"] == "/scratch/vllm-cache" and env["TMPDIR"] == "/scratch/tmp"
     assert server_env(t, frozenset({1, 2, 3}), "/scratch", "quota")["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert server_env(t, frozenset({1, 2, 3}), "/scratch") == env  # pure
+    assert server_env(t, frozenset({1}), "/scratch", cache_root="/shared/vc")["VLLM_CACHE_ROOT"] == "/shared/vc"
 
 
 def test_long_scratch_gets_short_rpc_path() -> None:
