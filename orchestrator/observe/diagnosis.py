@@ -1,0 +1,273 @@
+"""Which stage saturates first as one configuration's cores shrink, and what would fix it (pure).
+
+Between a request's arrival and its first token three stages can hold it, and each starves
+differently:
+
+- **frontend**: the API server's tokenization and request handling, one thread per API server.
+  Its share of server TTFT is ``server_frontend_s_mean`` (server TTFT minus queue and prefill).
+  If it grows as cores shrink, cores fix it. If it is most of TTFT even at the most cores, with
+  cores to spare and few of the requests in flight running in the engine, the requests wait for
+  that one thread: more cores do not help, more API servers (the ``api_servers`` axis) may.
+- **engine**: the engine core's loop (scheduling, kernel launches, the shared-memory broadcast to
+  the GPU workers). TTFT grows as cores shrink, but the added time is queue and prefill, not
+  frontend; the replica's cores are busy. Cores fix it.
+- **gpu**: TTFT stays flat across core counts while the GPU is busy. Cores do not fix it.
+
+The input is the comparison rows of one configuration (``orchestrator.observe.report.comparison``:
+one row per core count), or its raw trial rows (one per trial; repeats are folded here the same
+way: the median TTFT p50, the mean of the other figures). Columns it reads, each optional but
+``cores``: ``ttft_p50_s``, ``status``, ``timeout_rate``, ``server_ttft_s_mean``,
+``server_frontend_s_mean``, ``replica_cpu_util_mean``, ``gpu<N>_util_mean``,
+``server_num_requests_running_mean``, ``client_in_flight_mean`` (else ``workload_concurrency``),
+``api_servers`` and the CPU attribution ``cpu_s_per_req_<role>``. What is absent is left out of
+the evidence and the verdict says what it could not tell.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from orchestrator.observe.report import CONFIG
+
+TOLERANCE = 0.10  # TTFT p50 within this fraction counts as flat (the knee's tolerance)
+FRONTEND_MOST = 0.75  # frontend share of server TTFT that makes the frontend the queue itself
+STUCK_RUNNING = 0.5  # at most this fraction of the requests in flight running in the engine: stuck before it
+SPARE_CPU = 50.0  # replica CPU busy percent below which it has cores to spare
+CPU_BUSY = 70.0  # replica CPU busy percent read as saturated
+GPU_BUSY = 80.0  # GPU busy percent read as the limit
+ATTRIBUTION = "cpu_s_per_req_"
+_GPU_UTIL = re.compile(r"^gpu\d+_util_mean$")
+_FIGURES = ["ttft_p50_s", "timeout_rate", "server_ttft_s_mean", "server_frontend_s_mean", "replica_cpu_util_mean",
+            "server_num_requests_running_mean", "client_in_flight_mean", "workload_concurrency"]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The stage that saturates first (``frontend``, ``engine``, ``gpu`` or ``unknown``), one sentence
+    naming it, the fix and the figures behind it, and those figures by name (seconds, percent, counts)."""
+
+    stage: str
+    sentence: str
+    evidence: dict[str, float] = field(default_factory=dict)
+
+
+def _one_configuration(rows: pd.DataFrame) -> None:
+    if "cores" not in rows:
+        raise ValueError("config_rows: missing column 'cores' (one row per core count of one configuration)")
+    for col in CONFIG:
+        if col in rows and rows[col].nunique(dropna=False) > 1:
+            values = ", ".join(str(v) for v in rows[col].drop_duplicates())
+            raise ValueError(f"config_rows hold more than one configuration: column {col!r} takes {values}")
+
+
+def _points(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
+    """Per core count with a TTFT: the median TTFT p50 and the mean of every other figure; and the
+    core counts without one (every trial failed, or none had an ok request)."""
+    cols = [c for c in rows.columns
+            if c in _FIGURES or _GPU_UTIL.match(str(c)) or str(c).startswith(ATTRIBUTION)]
+    num = rows[cols].apply(pd.to_numeric, errors="coerce") if cols else pd.DataFrame(index=rows.index)
+    num["cores"] = pd.to_numeric(rows["cores"], errors="coerce")
+    if "ttft_p50_s" not in num:
+        num["ttft_p50_s"] = float("nan")
+    ok = num["ttft_p50_s"].notna()
+    if "status" in rows:
+        ok &= rows["status"].astype(str) != "FAILED"
+    gpu = [c for c in num if _GPU_UTIL.match(str(c))]
+    num["gpu_util_mean"] = num[gpu].max(axis=1) if gpu else float("nan")
+    num = num.drop(columns=gpu)
+    good = num[ok]
+    pts = good.groupby("cores").mean()
+    pts["ttft_p50_s"] = good.groupby("cores")["ttft_p50_s"].median()
+    failed = sorted(int(c) for c in set(num["cores"].dropna()) - set(pts.index))
+    return pts.sort_index(), failed
+
+
+def _get(p: pd.Series, col: str) -> float | None:
+    v = p.get(col)
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def _ms(v: float) -> str:
+    return f"{1000 * v:.0f}"
+
+
+def _n(cores: int) -> str:
+    return f"{cores} core" if cores == 1 else f"{cores} cores"
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0%}"
+
+
+def _why_failed(rows: pd.DataFrame, cores: list[int]) -> str:
+    """``1, 2 cores (timeout)``: the core counts without a result and the error kinds recorded for them."""
+    where = f"{', '.join(str(c) for c in cores)} core{'s' if cores != [1] else ''}"
+    if "error_kind" not in rows:
+        return where
+    sel = rows[pd.to_numeric(rows["cores"], errors="coerce").isin(cores)]
+    kinds = sorted({str(k) for k in sel["error_kind"].dropna() if str(k) not in ("", "none")})
+    return f"{where} ({', '.join(kinds)})" if kinds else where
+
+
+def _attribution(lo: pd.Series, hi: pd.Series, ev: dict[str, float]) -> str:
+    """The CPU role whose seconds per request grow most from the most to the fewest cores, as a clause."""
+    grown = []
+    for col in lo.index:
+        if str(col).startswith(ATTRIBUTION):
+            a, b = _get(hi, col), _get(lo, col)
+            if a is not None and b is not None:
+                grown.append((b - a, col, a, b))
+    if not grown:
+        return ""
+    delta, col, a, b = max(grown)
+    if delta <= 0:
+        return ""
+    ev[f"{col}_hi"], ev[f"{col}_lo"] = a, b
+    return (f"; of the CPU time per request, {col[len(ATTRIBUTION):]} grows most "
+            f"({1000 * a:.1f} to {1000 * b:.1f} ms from {int(hi.name)} to {int(lo.name)} cores)")
+
+
+def _knee(pts: pd.DataFrame, tolerance: float) -> int:
+    best = pts["ttft_p50_s"].min()
+    return int(pts.index[pts["ttft_p50_s"] <= best * (1 + tolerance)].min())
+
+
+def diagnose(config_rows: pd.DataFrame, *, tolerance: float = TOLERANCE) -> Diagnosis:
+    """The stage of one configuration that saturates first as its cores shrink (see the module docstring).
+
+    Raises ValueError when ``config_rows`` has no ``cores`` column or holds more than one configuration.
+    """
+    _one_configuration(config_rows)
+    pts, failed = _points(config_rows)
+    if pts.empty:
+        if config_rows.empty:
+            return Diagnosis("unknown", "unknown: no trial of this configuration has a result yet.", {})
+        return Diagnosis("unknown", f"unknown: no trial of this configuration has a TTFT to compare: every trial "
+                                    f"failed or had no ok request at {_why_failed(config_rows, failed)}.",
+                         {"core_counts": float(len(failed)), "core_counts_failed": float(len(failed))})
+    lo, hi = pts.iloc[0], pts.iloc[-1]
+    c_lo, c_hi = int(lo.name), int(hi.name)
+    ev: dict[str, float] = {"cores_lo": float(c_lo), "cores_hi": float(c_hi),
+                            "ttft_p50_s_lo": float(lo["ttft_p50_s"]), "ttft_p50_s_hi": float(hi["ttft_p50_s"])}
+    for col, key in (("server_ttft_s_mean", "server_ttft_s_mean"), ("server_frontend_s_mean", "server_frontend_s_mean"),
+                     ("replica_cpu_util_mean", "replica_cpu_util_mean"), ("gpu_util_mean", "gpu_util_mean")):
+        for end, p in (("lo", lo), ("hi", hi)):
+            if (v := _get(p, col)) is not None:
+                ev[f"{key}_{end}"] = v
+    share = {end: ev[f"server_frontend_s_mean_{end}"] / ev[f"server_ttft_s_mean_{end}"] for end in ("lo", "hi")
+             if ev.get(f"server_ttft_s_mean_{end}", 0) > 0 and f"server_frontend_s_mean_{end}" in ev}
+    ev.update({f"frontend_share_{end}": v for end, v in share.items()})
+    running = _get(hi, "server_num_requests_running_mean")
+    in_flight = _get(hi, "client_in_flight_mean") or _get(hi, "workload_concurrency")
+    if running is not None:
+        ev["server_num_requests_running_mean"] = running
+    if in_flight:
+        ev["client_in_flight_mean"] = in_flight
+        if running is not None:
+            ev["running_share"] = running / in_flight
+    cpu_hi, gpu_hi = _get(hi, "replica_cpu_util_mean"), _get(hi, "gpu_util_mean")
+    failed_below = [c for c in failed if c < c_lo]
+    failures = f"at {_why_failed(config_rows, failed_below)} every trial failed; " if failed_below else ""
+    if failed:
+        ev["core_counts_failed"] = float(len(failed))
+
+    # Frontend-bound even at the most cores: the API server's one thread is the queue.
+    top_flat: bool | None = None
+    if len(pts) > 1:
+        prev = pts.iloc[-2]
+        ev["ttft_p50_top_step"] = float(prev["ttft_p50_s"] / hi["ttft_p50_s"])
+        top_flat = ev["ttft_p50_top_step"] <= 1 + tolerance
+    spare = cpu_hi is not None and cpu_hi < SPARE_CPU
+    stuck = "running_share" not in ev or ev["running_share"] <= STUCK_RUNNING
+    if share.get("hi", 0) >= FRONTEND_MOST and stuck and (top_flat or (top_flat is None and spare)):
+        servers = ""
+        if "api_servers" in config_rows and config_rows["api_servers"].notna().any():
+            servers = f" (the api_servers axis; this configuration runs {config_rows['api_servers'].iloc[0]})"
+        s = (f"frontend-bound; more cores do not help; try more API servers{servers}: {failures}at {_n(c_hi)} "
+             f"{_ms(ev['server_frontend_s_mean_hi'])} of {_ms(ev['server_ttft_s_mean_hi'])} ms of server TTFT is "
+             f"frontend (tokenization and request handling)")
+        if running is not None:
+            s += (f", and only {running:.1f} of {in_flight:.0f} requests in flight were running in the engine"
+                  if in_flight else f", and {running:.1f} requests were running in the engine on average")
+        if top_flat:
+            prev = pts.iloc[-2]
+            s += (f"; TTFT p50 went from {_ms(prev['ttft_p50_s'])} to {_ms(hi['ttft_p50_s'])} ms from "
+                  f"{int(prev.name)} to {c_hi} cores")
+            knee = _knee(pts, tolerance)
+            ev["knee_cores"] = float(knee)
+            if knee > c_lo:
+                s += f" (cores helped up to the knee at {knee})"
+        if cpu_hi is not None:
+            s += f"; the replica's cores were {cpu_hi:.0f}% busy"
+        return Diagnosis("frontend", s + _attribution(lo, hi, ev) + ".", ev)
+
+    if len(pts) == 1:
+        facts = [f"{_ms(ev['server_frontend_s_mean_hi'])} of {_ms(ev['server_ttft_s_mean_hi'])} ms of server TTFT "
+                 f"is frontend"] if "hi" in share else []
+        facts += [f"replica CPU {cpu_hi:.0f}% busy"] if cpu_hi is not None else []
+        facts += [f"GPU {gpu_hi:.0f}% busy"] if gpu_hi is not None else []
+        at = f"; at {_n(c_hi)} " + ", ".join(facts) if facts else ""
+        return Diagnosis("unknown", f"unknown: {failures}only {_n(c_hi)} {'has' if c_hi == 1 else 'have'} a result, so nothing shows what "
+                                    f"other core counts would change{at}.", ev)
+
+    growth = float(lo["ttft_p50_s"] / hi["ttft_p50_s"])
+    ev["ttft_growth"] = growth
+    knee = _knee(pts, tolerance)
+    ev["knee_cores"] = float(knee)
+    t_lo, t_hi = _get(lo, "timeout_rate") or 0.0, _get(hi, "timeout_rate") or 0.0
+    timeouts = ""
+    if t_lo - t_hi > 0.01:
+        ev["timeout_rate_lo"], ev["timeout_rate_hi"] = t_lo, t_hi
+        timeouts = f", and {_pct(t_lo)} of its requests time out at {_n(c_lo)} ({_pct(t_hi)} at {c_hi})"
+    grows = f"TTFT p50 grows {growth:.2f}x from {c_hi} to {c_lo} cores{timeouts}"
+    cpu_lo = _get(lo, "replica_cpu_util_mean")
+    cpu = (f"; replica CPU {cpu_lo:.0f}% busy at {_n(c_lo)}" + (" (saturated)" if cpu_lo >= CPU_BUSY else "")
+           if cpu_lo is not None else "")
+    attribution = _attribution(lo, hi, ev)
+
+    if failed_below and growth <= 1 + tolerance and not timeouts:
+        return Diagnosis("unknown", f"unknown stage, but the fix is cores: {failures}from {c_lo} to {c_hi} cores TTFT "
+                                    f"p50 stays within {_pct(abs(growth - 1))}, so {c_lo} is the fewest cores that "
+                                    f"work; the failed trials carry no figures to say which stage gave out.", ev)
+    if growth > 1 + tolerance or timeouts:
+        fix = f"the fix is cores (the knee is at {knee})"
+        if len(share) < 2:
+            return Diagnosis("unknown", f"unknown stage, but {fix}: {failures}{grows}, and these trials carry no "
+                                        f"server TTFT breakdown (server_frontend_s_mean) to tell the frontend from "
+                                        f"the engine{cpu}{attribution}.", ev)
+        d_srv = ev["server_ttft_s_mean_lo"] - ev["server_ttft_s_mean_hi"]
+        d_fe = ev["server_frontend_s_mean_lo"] - ev["server_frontend_s_mean_hi"]
+        if d_srv <= 0:
+            return Diagnosis("frontend", f"frontend-bound as cores shrink; {fix}: {failures}{grows}, but server TTFT "
+                                         f"does not ({_ms(ev['server_ttft_s_mean_hi'])} to "
+                                         f"{_ms(ev['server_ttft_s_mean_lo'])} ms): the time is lost before vLLM's "
+                                         f"clock starts, in the API server's request handling{cpu}{attribution}.", ev)
+        ev["frontend_part_of_growth"] = d_fe / d_srv
+        added = f"{_ms(max(d_fe, 0.0))} of the {_ms(d_srv)} ms added to server TTFT is frontend"
+        if d_fe / d_srv >= 0.5:
+            return Diagnosis("frontend", f"frontend-bound as cores shrink; {fix}: {failures}{grows}, and {added} "
+                                         f"(tokenization and request handling, {_ms(ev['server_frontend_s_mean_hi'])} "
+                                         f"to {_ms(ev['server_frontend_s_mean_lo'])} ms){cpu}{attribution}.", ev)
+        return Diagnosis("engine", f"engine-bound as cores shrink; {fix}: {failures}{grows}, but only {added}; the "
+                                   f"rest is queue and prefill, the engine core's loop{cpu}{attribution}.", ev)
+
+    flat = f"TTFT p50 stays within {_pct(abs(growth - 1))} from {c_lo} to {c_hi} cores"
+    gpu_lo = _get(lo, "gpu_util_mean")
+    if gpu_lo is not None and gpu_lo >= GPU_BUSY:
+        return Diagnosis("gpu", f"gpu-bound; more cores do not help: {flat} while the GPU is {gpu_lo:.0f}% busy at "
+                                f"{_n(c_lo)}; the fix is GPUs (more, or faster ones), not cores.", ev)
+    facts = [f"GPU {gpu_lo:.0f}% busy"] if gpu_lo is not None else []
+    facts += [f"replica CPU {cpu_lo:.0f}% busy"] if cpu_lo is not None else []
+    if "lo" in share:
+        facts.append(f"{_ms(ev['server_frontend_s_mean_lo'])} of {_ms(ev['server_ttft_s_mean_lo'])} ms of server "
+                     f"TTFT frontend")
+    at = f" ({', '.join(facts)} at {_n(c_lo)})" if facts else ""
+    return Diagnosis("unknown", f"unknown: no stage saturates between {c_lo} and {c_hi} cores: {flat}{at}; the "
+                                f"fewest cores tested suffice for this load.", ev)
+
+
+__all__ = ["CPU_BUSY", "Diagnosis", "FRONTEND_MOST", "GPU_BUSY", "SPARE_CPU", "STUCK_RUNNING", "TOLERANCE",
+           "diagnose"]
