@@ -108,8 +108,8 @@ class _Rows:
         """``col`` as strings, None where empty or absent."""
         if col not in self.df:
             return pd.Series(None, index=self.df.index, dtype=object)
-        s = self.df[col].str.strip()
-        return s.where(s.notna() & (s != ""), None)
+        cells = (v.strip() if isinstance(v, str) else "" for v in self.df[col])
+        return pd.Series([v or None for v in cells], index=self.df.index, dtype=object)
 
     def span(self, start: str, end: str) -> pd.Series:
         """``end - start`` in the file's time unit, NaN where either is empty or absent."""
