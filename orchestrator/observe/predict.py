@@ -76,6 +76,11 @@ class KneeModel:
             return self.gpu_s + open_residence_s(load, self.cpu_s, servers)
         return self.gpu_s + closed_residence_s(load, self.gpu_s + self.decode_s, self.cpu_s, servers)
 
+    def within_calibration(self, cores: int) -> bool:
+        """Whether ``cores`` lies inside the calibrated core counts (interpolation, not extrapolation)."""
+        fitted = self.inputs.get("cores") or []
+        return bool(fitted) and min(fitted) <= cores <= max(fitted)
+
     def knee(self, cores: Sequence[int], tolerance: float = TOLERANCE, load: float | None = None) -> int:
         """The fewest of ``cores`` whose predicted TTFT p50 is within ``tolerance`` of the best of them."""
         if not len(cores):

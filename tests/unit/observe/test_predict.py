@@ -77,6 +77,7 @@ def test_fit_recovers_the_parameters_and_predicts_unmeasured_cores_and_loads():
     assert set(m.params) == {"gpu_ttft_s", "cpu_work_s", "cpu_threads", "concurrency_requests", "decode_s"}
     assert m.inputs["cores"] == [1, 2, 4, 12] and m.inputs["config"]["workload"] == "w"
     assert m.fit_error_rms < 1e-3
+    assert m.within_calibration(3) and not m.within_calibration(16)
 
 
 def test_knee_of_the_fitted_model_is_the_true_knee():
