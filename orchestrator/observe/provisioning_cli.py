@@ -28,6 +28,9 @@ class TraceInputError(click.ClickException):
 def measured_knees(sweep: str, home: str | None) -> dict[str, float]:
     """Knee cores per GPU of each configuration of ``sweep``, from MLflow as ``orchestrator report`` reads it
     (``MLFLOW_TRACKING_URI``, or the local store under ``home`` / ``ORCH_HOME`` / ``./.orchestrator``)."""
+    store = Path(home or os.environ.get("ORCH_HOME") or ".orchestrator").resolve() / "mlflow"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store / "mlflow.db").exists():
+        raise click.ClickException(f"--sweep {sweep}: no MLFLOW_TRACKING_URI and no local MLflow store at {store}")
     from mlflow.tracking import MlflowClient
 
     from orchestrator.control.services import free_port, mlflow_server
@@ -35,9 +38,6 @@ def measured_knees(sweep: str, home: str | None) -> dict[str, float]:
     from orchestrator.observe.report import comparison, runs_frame
     from orchestrator.observe.tracking import trial_runs
 
-    store = Path(home or os.environ.get("ORCH_HOME") or ".orchestrator").resolve() / "mlflow"
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store / "mlflow.db").exists():
-        raise click.ClickException(f"--sweep {sweep}: no MLFLOW_TRACKING_URI and no local MLflow store at {store}")
     with mlflow_server(store, port=free_port()) as server:
         runs = trial_runs(MlflowClient(server.uri), sweep)
         uri = server.uri

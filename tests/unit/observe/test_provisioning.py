@@ -166,6 +166,14 @@ def test_command_takes_the_knee_of_a_sweep(tmp_path, monkeypatch):
     assert s[s["gpu_type"] == "all"][["knee", "starving"]].values.tolist() == [["paper gpus=1", 0.5]]
 
 
+def test_sweep_without_an_mlflow_store_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    res = CliRunner().invoke(provisioning, [str(write(tmp_path, "pods.csv", PODS)), "--sweep", "paper",
+                                            "--home", str(tmp_path / "home"), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "--sweep paper: no MLFLOW_TRACKING_URI and no local MLflow store" in res.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_command_refuses_a_bad_trace_with_exit_2(tmp_path):
     bad = write(tmp_path, "pods.csv", [POD_HEADER, "p0,lots,16384,1,1000,,LS,Running,0,100,0"])
     res = CliRunner().invoke(provisioning, [str(bad), "--out", str(tmp_path / "out")])
