@@ -16,8 +16,9 @@ given on the command line, this prints:
 
 and a summary over all configurations: held-out core counts within 10% (interior core counts,
 which the others bracket, apart from the ends, which need extrapolation), knees within one step of
-the measured grid. ``--threads 2,3,4`` repeats the summary for each thread count ``k`` (the first one
-gets the full tables; ``auto`` is ``1 + api_servers + gpus``).
+the measured grid. ``--threads auto,2,4,fit`` repeats the summary for each thread count ``k`` (the
+first one gets the full tables; ``auto`` is ``1 + api_servers + gpus``; ``fit`` chooses k where a
+configuration has at least 5 core counts, and is ``auto`` elsewhere).
 
     python benchmarks/predict_bench.py [extra.csv ...] [--threads auto] [--tolerance 0.10] [--loop closed]
 """
@@ -62,7 +63,7 @@ def steps(grid: list[int], a: int | None, b: int | None) -> int | None:
     return abs(grid.index(int(a)) - grid.index(int(b)))
 
 
-def run(sources: list[tuple[str, Path]], threads: int | None, tolerance: float, loop: str,
+def run(sources: list[tuple[str, Path]], threads: int | str | None, tolerance: float, loop: str,
         verbose: bool) -> dict[str, list]:
     tally: dict[str, list] = {"interior": [], "ends": [], "knee_all": [], "knee_holdout": []}
     for name, path in sources:
@@ -134,7 +135,8 @@ def summary(tally: dict[str, list], label: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="*", type=Path, help="more result CSVs (orchestrator report --csv)")
-    ap.add_argument("--threads", default="auto", help="k, or a comma list of them (auto: 1 + api_servers + gpus)")
+    ap.add_argument("--threads", default="auto",
+                    help="k, or a comma list of them (auto: 1 + api_servers + gpus; fit: chosen by the fit)")
     ap.add_argument("--tolerance", type=float, default=0.10)
     ap.add_argument("--loop", choices=["closed", "open"], default="closed")
     args = ap.parse_args()
@@ -149,9 +151,10 @@ def main() -> None:
         sources.append((name, path))
     lines = []
     for i, t in enumerate(args.threads.split(",")):
-        threads = None if t.strip() == "auto" else int(t)
+        t = t.strip()
+        threads = None if t == "auto" else t if t == "fit" else int(t)
         tally = run(sources, threads, args.tolerance, args.loop, verbose=i == 0)
-        lines.append(summary(tally, f"k={t.strip()}"))
+        lines.append(summary(tally, f"k={t}"))
     print("\n" + "\n".join(lines))
 
 

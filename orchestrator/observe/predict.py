@@ -17,14 +17,16 @@ One configuration (everything fixed but the cores and the load) is a closed queu
 Fitted: ``G`` and ``S``, by least squares on log TTFT p50. Measured, not fitted: ``N``, the workload's
 ``concurrency`` column where the rows have one, else the median of ``request_throughput_rps *
 e2e_p50_s`` (Little's law); ``Zd``, the median of ``e2e_p50_s - ttft_p50_s``. Assumed: ``k = 1 +
-api_servers + gpus`` unless given. Not modelled: CPU starvation that slows the GPU stage itself
-(kernel-launch delay), and a load's effect on ``G`` and ``Zd`` (taken from the calibration's load).
+api_servers + gpus`` unless given, or fitted where there are enough core counts. So the predicted
+knee is never above k. Not modelled: CPU starvation that slows the GPU stage itself (kernel-launch
+delay), and a load's effect on ``G`` and ``Zd`` (taken from the calibration's load).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -35,7 +37,9 @@ from scipy.special import gammaln
 from orchestrator.observe.report import CONFIG
 
 Loop = Literal["closed", "open"]
+Threads = int | Literal["fit"] | None
 MIN_CORE_COUNTS = 3  # two fitted parameters, and one core count left to disagree with them
+MIN_CORE_COUNTS_FOR_THREADS = 5  # k fitted too: three parameters, and two core counts to check them
 TOLERANCE = 0.10     # the knee's rule, as in report.comparison
 
 
@@ -107,14 +111,21 @@ def closed_residence_s(requests: float, delay_s: float, work_s: float, servers: 
 def _closed_residence(n: int, delay_s: float, work_s: float, servers: int) -> float:
     if delay_s <= 0:  # nothing but the CPU stage: all n requests are always there
         return n * work_s / min(n, servers)
-    j = np.arange(n + 1)
-    log_rate = np.concatenate([[0.0], np.cumsum(np.log(np.minimum(np.arange(1, n + 1), servers)))])
-    log_w = (n - j) * math.log(delay_s) - gammaln(n - j + 1) + j * math.log(work_s) - log_rate
+    j, const = _state_terms(n, servers)
+    log_w = (n - j) * math.log(delay_s) + j * math.log(work_s) + const
     p = np.exp(log_w - log_w.max())
     p /= p.sum()
     at_cpu = float((j * p).sum())
     throughput = (n - at_cpu) / delay_s
     return at_cpu / throughput
+
+
+@lru_cache(maxsize=256)
+def _state_terms(n: int, servers: int) -> tuple[np.ndarray, np.ndarray]:
+    """``j`` and the part of ``log P(j)`` that depends on neither time: ``-log (N-j)! - log prod min(i, m)``."""
+    j = np.arange(n + 1)
+    log_rate = np.concatenate([[0.0], np.cumsum(np.log(np.minimum(np.arange(1, n + 1), servers)))])
+    return j, -gammaln(n - j + 1) - log_rate
 
 
 def open_residence_s(rate_rps: float, work_s: float, servers: int) -> float:
@@ -156,27 +167,43 @@ def cannot_fit(config_rows: pd.DataFrame, loop: Loop = "closed") -> str | None:
     return None
 
 
-def fit(config_rows: pd.DataFrame, *, threads: int | None = None, loop: Loop = "closed") -> KneeModel | None:
+def fit(config_rows: pd.DataFrame, *, threads: Threads = None, loop: Loop = "closed") -> KneeModel | None:
     """The model fitted to one configuration's ``report.comparison`` rows, or None (see :func:`cannot_fit`).
 
-    Raises ValueError naming the column when the rows are not one configuration's, one per core count.
+    ``threads``: k; None takes :func:`default_threads`; ``"fit"`` chooses k from 1 to the most cores
+    measured by the in-sample error, with at least :data:`MIN_CORE_COUNTS_FOR_THREADS` core counts
+    (else it takes the default). Raises ValueError naming the column when the rows are not one
+    configuration's, one per core count.
     """
     if cannot_fit(config_rows, loop) is not None:
         return None
     rows = _usable(_checked(config_rows), loop)
+    if threads == "fit":
+        if len(rows) >= MIN_CORE_COUNTS_FOR_THREADS:
+            fits = [_fit_with(rows, config_rows, k, loop) for k in range(1, int(rows["cores"].max()) + 1)]
+            best = min(fits, key=lambda m: m.fit_error_rms - 1e-9 * m.threads)  # ties: the most threads
+            best.inputs["threads_from"] = "fit"
+            return best
+        threads = None
     k = default_threads(config_rows) if threads is None else int(threads)
     if k < 1:
-        raise ValueError(f"threads: must be >= 1, got {threads!r}")
+        raise ValueError(f"threads: must be >= 1 or 'fit', got {threads!r}")
+    model = _fit_with(rows, config_rows, k, loop)
+    model.inputs["threads_from"] = "1 + api_servers + gpus" if threads is None else "given"
+    return model
+
+
+def _fit_with(rows: pd.DataFrame, config_rows: pd.DataFrame, k: int, loop: Loop) -> KneeModel:
+    """G and S fitted by least squares on log TTFT p50, with k, the load and Zd fixed."""
     cores = rows["cores"].astype(int).to_numpy()
     ttft = rows["ttft_p50_s"].to_numpy(float)
     rps = rows["request_throughput_rps"].to_numpy(float)
+    conc = rows["concurrency"].dropna() if "concurrency" in rows else pd.Series(dtype=float)
     if loop == "closed":
-        conc = rows["concurrency"].dropna() if "concurrency" in rows else pd.Series(dtype=float)
         load = float(conc.median()) if len(conc) else float(np.median(rps * rows["e2e_p50_s"].to_numpy(float)))
-        decode = max(0.0, float(np.median(rows["e2e_p50_s"].to_numpy(float) - ttft)))
+        load, decode = max(load, 1.0), max(0.0, float(np.median(rows["e2e_p50_s"].to_numpy(float) - ttft)))
     else:
         load, decode = float(np.median(rps)), 0.0
-    load = max(load, 1.0) if loop == "closed" else load
 
     def model(theta: np.ndarray) -> KneeModel:
         return KneeModel(gpu_s=float(math.exp(theta[0])), cpu_s=float(math.exp(theta[1])), threads=k,
@@ -193,13 +220,12 @@ def fit(config_rows: pd.DataFrame, *, threads: int | None = None, loop: Loop = "
     starts = sorted(grid, key=lambda th: float(np.sum(residuals(th) ** 2)))[:2]  # the best of a coarse grid
     best = min((least_squares(residuals, np.clip(th, lower + 1e-9, upper - 1e-9), bounds=(lower, upper))
                 for th in starts), key=lambda r: r.cost)
+    load_from = ("concurrency" if len(conc) else "request_throughput_rps * e2e_p50_s") if loop == "closed" \
+        else "request_throughput_rps"
     inputs = {"config": {c: _plain(config_rows[c].dropna().iloc[0]) for c in CONFIG
                          if c in config_rows and config_rows[c].notna().any()},
               "cores": [int(c) for c in cores], "ttft_p50_s": [float(t) for t in ttft],
-              "request_throughput_rps": [float(v) for v in rps], "loop": loop, "threads": k,
-              "load_from": ("concurrency" if loop == "closed" and "concurrency" in rows
-                            and rows["concurrency"].notna().any() else
-                            "request_throughput_rps * e2e_p50_s" if loop == "closed" else "request_throughput_rps")}
+              "request_throughput_rps": [float(v) for v in rps], "loop": loop, "threads": k, "load_from": load_from}
     if loop == "closed":
         inputs["e2e_p50_s"] = [float(v) for v in rows["e2e_p50_s"]]
     fitted = model(best.x)
@@ -208,7 +234,7 @@ def fit(config_rows: pd.DataFrame, *, threads: int | None = None, loop: Loop = "
                      fit_error_rms=rms, inputs=inputs)
 
 
-def holdout(config_rows: pd.DataFrame, *, tolerance: float = TOLERANCE, threads: int | None = None,
+def holdout(config_rows: pd.DataFrame, *, tolerance: float = TOLERANCE, threads: Threads = None,
             loop: Loop = "closed") -> pd.DataFrame:
     """Leave one core count out: fit on the others, predict the one left out.
 

@@ -145,6 +145,17 @@ def test_open_loop_fit_recovers_rate_and_parameters():
     assert m.predict_ttft_p50(1, load=20.0) == math.inf
 
 
+def test_threads_are_fitted_only_where_the_core_counts_allow():
+    rows = rows_from([1, 2, 3, 4, 6, 8, 12, 16], threads=5, cpu_s=0.2)
+    m = fit(rows, threads="fit")
+    assert m.threads == 5 and m.inputs["threads_from"] == "fit"
+    assert math.isclose(m.cpu_s, 0.2, rel_tol=0.02)
+    few = fit(rows_from([1, 2, 4, 8], threads=5, cpu_s=0.2), threads="fit")
+    assert few.threads == 3 and few.inputs["threads_from"] == "1 + api_servers + gpus"
+    h = holdout(rows_from([1, 2, 3, 4, 6], threads=3, cpu_s=0.2), threads="fit")
+    assert (h["error"].abs() < 0.02).all()
+
+
 def test_threads_come_from_the_configuration_or_the_caller():
     assert default_threads(rows_from([1]).assign(api_servers=2, gpus=4)) == 7
     assert default_threads(pd.DataFrame({"cores": [1]})) == 3
