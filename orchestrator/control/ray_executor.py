@@ -335,7 +335,7 @@ class RayTrialExecutor:
         warnings.extend(run.warnings)
         if params.get("prefix_cache_reset") is False:
             warnings.append("the prefix cache could not be reset before the window: it did not start empty")
-        metrics = summarize_trial(run, window["server"], window["rows"])
+        metrics = summarize_trial(run, window["server"], window["rows"], slo=trial.slo)
         metrics.update(window.get("accounting", {}))
         fidelity = replay_fidelity_of(sessions_of(trial), run.records, window.get("block_size"),
                                       metrics.get("prefix_hit_rate"))
