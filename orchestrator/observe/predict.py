@@ -34,7 +34,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 from scipy.special import gammaln
 
-from orchestrator.observe.report import CONFIG
+from orchestrator.observe.report import CONFIG, TIMEOUT_MAJORITY
 
 Loop = Literal["closed", "open"]
 Threads = int | Literal["fit"] | None
@@ -162,7 +162,7 @@ def cannot_fit(config_rows: pd.DataFrame, loop: Loop = "closed") -> str | None:
         return "gpus=0: the forward pass runs on the replica's own cores, which this model does not describe"
     if len(usable) < MIN_CORE_COUNTS:
         needs = "TTFT p50" + (", throughput and E2E p50" if loop == "closed" else " and throughput")
-        return (f"{len(usable)} core count(s) with {needs}; the fit needs {MIN_CORE_COUNTS} "
+        return (f"{len(usable)} core count(s) with {needs} and most requests answered; the fit needs {MIN_CORE_COUNTS} "
                 f"(two parameters, and one more to check them)")
     return None
 
@@ -295,9 +295,11 @@ def _checked(config_rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _usable(rows: pd.DataFrame, loop: Loop) -> pd.DataFrame:
-    """Rows with what the fit needs: a TTFT p50, and the throughput (and E2E p50, when closed)."""
+    """Rows with what the fit needs: a TTFT p50, and the throughput (and E2E p50, when closed); not those
+    where most requests timed out, whose TTFT describes the few that finished (as in report.comparison)."""
     need = ["ttft_p50_s", "request_throughput_rps"] + (["e2e_p50_s"] if loop == "closed" else [])
-    ok = pd.Series(True, index=rows.index)
+    timeouts = pd.to_numeric(rows["timeout_rate"], errors="coerce") if "timeout_rate" in rows else None
+    ok = pd.Series(True, index=rows.index) if timeouts is None else ~(timeouts > TIMEOUT_MAJORITY)
     for col in need:
         v = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(math.nan, index=rows.index)
         ok &= np.isfinite(v) & (v > 0)

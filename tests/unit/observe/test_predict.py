@@ -105,6 +105,8 @@ def test_too_few_core_counts_gives_none_and_says_why():
     failed = rows_from([1, 2, 4])
     failed.loc[0, "ttft_p50_s"] = float("nan")  # a failed core count has no TTFT
     assert fit(failed) is None
+    starved = rows_from([1, 2, 4]).assign(timeout_rate=[0.6, 0.0, 0.0])  # most of 1 core's requests timed out
+    assert fit(starved) is None and "2 core count(s)" in cannot_fit(starved)
     h = holdout(rows_from([1, 2, 4]))  # leaving one out leaves two
     assert h["predicted_s"].isna().all() and h["note"].str.contains("without cores=").all()
     assert h["knee_predicted"].notna().all()
