@@ -47,7 +47,8 @@ from orchestrator.node.actors import BareRun, CoreGrant, NodeError, ReplicaActor
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
 from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
 from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.observe.summary import crosscheck_metrics, replay_fidelity_of, sessions_of, summarize_trial
+from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
+                                          sessions_of, summarize_trial)
 
 
 class TrialFailure(Exception):
@@ -306,12 +307,18 @@ class RayTrialExecutor:
                                             up.tokenizer_path, trace))
             params["warmup_s"] = proto.warmup_s
 
+            bare_load: dict[str, float] = {}  # other work on the replica's cores during the bare run
+
             def cross_check() -> BareRun | NodeError:
                 # Same start state as the window: an empty prefix cache on the same warm server.
                 if not ray.get(lease.replica.reset_prefix_cache.remote()):
                     return NodeError("internal", "the prefix cache could not be reset before the bare run")
-                return ray.get(workload.bare.remote(spec_json, up.base_url, trial.model.name,
-                                                    up.tokenizer_path, _bare_timeout(trial), trace))
+                ray.get(lease.replica.begin_side_accounting.remote())
+                try:
+                    return ray.get(workload.bare.remote(spec_json, up.base_url, trial.model.name,
+                                                        up.tokenizer_path, _bare_timeout(trial), trace))
+                finally:
+                    bare_load.update(ray.get(lease.replica.end_side_accounting.remote()))
 
             # Odd repeats run the bare client first, so an order effect between the two runs
             # shows up as a difference between repeats instead of hiding in the ratio.
@@ -349,6 +356,8 @@ class RayTrialExecutor:
         elif bare is not None:
             (tdir / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare.rows))
             metrics.update(crosscheck_metrics(run.records, bare.rows))
+            metrics.update(crosscheck_load(metrics, bare_load))
+        warnings.extend(load_warnings(metrics))
         status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
         bad = [k for k, v in checks.items() if not v.get("ok", False)]
         if not window["alive"]:

@@ -173,6 +173,7 @@ class ReplicaActor:
         self.replica: VllmReplica | None = None
         self.sampler: TelemetrySampler | None = None
         self.accounting: CoreAccounting | None = None
+        self.side_accounting: CoreAccounting | None = None
         self.before: Any = None
         self.tokenizer_path = ""
         self._lock = threading.Lock()
@@ -241,6 +242,16 @@ class ReplicaActor:
     def reset_prefix_cache(self) -> bool:
         assert self.replica is not None
         return reset_prefix_cache(self.replica.base_url)
+
+    def begin_side_accounting(self) -> None:
+        """Start counting other work on the replica's cores outside the window (the bare cross-check's run)."""
+        assert self.replica is not None
+        root = self.replica.pid
+        self.side_accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
+
+    def end_side_accounting(self) -> dict[str, float]:
+        side, self.side_accounting = self.side_accounting, None
+        return side.stop() if side is not None else {}
 
     def begin_window(self, client_cpus: list[int], gpu_ids: list[int]) -> dict[str, Any]:
         """Set the window's start state (the protocol), take the before-scrape, start sampling.

@@ -71,6 +71,44 @@ def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, 
             if v is not None}
 
 
+FOREIGN_WARN = 0.10  # other work's share of the replica's cores above which a window's TTFT is not the replica's alone
+LOAD_GAP = 0.05      # the most the two runs of a cross-check may differ in that share and still be compared
+
+
+def crosscheck_load(metrics: Mapping[str, float], bare_load: Mapping[str, float]) -> dict[str, float]:
+    """Whether the two runs of a cross-check saw the same neighbours on the replica's cores.
+
+    The ratio compares two runs one after the other, so any change in other work on the
+    replica's cores between them moves it: on a shared 2-core machine, foreign shares of 23%
+    and 76% gave harness/bare ratios from 0.46 to 2.41 with the same harness. ``crosscheck_comparable``
+    is 1 when both shares are known, differ by at most ``LOAD_GAP`` and are both under ``FOREIGN_WARN``.
+    """
+    out: dict[str, float] = {}
+    harness, bare = metrics.get("replica_cores_foreign_frac"), bare_load.get("replica_cores_foreign_frac")
+    if bare is None:
+        return out
+    out["crosscheck_bare_foreign_frac"] = float(bare)
+    if harness is not None:
+        out["crosscheck_foreign_gap"] = abs(float(harness) - float(bare))
+        out["crosscheck_comparable"] = float(out["crosscheck_foreign_gap"] <= LOAD_GAP
+                                             and max(float(harness), float(bare)) < FOREIGN_WARN)
+    return out
+
+
+def load_warnings(metrics: Mapping[str, float]) -> list[str]:
+    """Warnings for a trial whose replica's cores were shared with other work (the figures above)."""
+    out = []
+    foreign = metrics.get("replica_cores_foreign_frac")
+    if foreign is not None and foreign > FOREIGN_WARN:
+        out.append(f"other work took {foreign:.0%} of the replica's cores during the window: its TTFT is not the "
+                   "replica's alone (run on a quiet node, or keep the run's own services off those cores)")
+    if metrics.get("crosscheck_comparable") == 0.0:
+        out.append(f"cross-check not comparable: other work took {foreign or 0:.0%} of the replica's cores during the "
+                   f"window and {metrics.get('crosscheck_bare_foreign_frac', 0):.0%} during the bare run, so its "
+                   "ratio measures the neighbours, not the harness")
+    return out
+
+
 def in_flight_mean(records: Sequence[Any]) -> float | None:
     """Mean requests the client had outstanding over the run (Little's law):
     ``sum(end_ns - sent_ns) / (max(end_ns) - min(sent_ns))`` over every record, whatever its status;
@@ -106,4 +144,4 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["crosscheck_metrics", "in_flight_mean", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]
+__all__ = ["FOREIGN_WARN", "LOAD_GAP", "crosscheck_load", "crosscheck_metrics", "in_flight_mean", "load_warnings", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]

@@ -91,3 +91,21 @@ def test_in_flight_mean_without_a_span() -> None:
 
     assert in_flight_mean([]) is None
     assert in_flight_mean([timed("a:0", 5, 0, 5, 1)]) is None
+
+
+def test_cross_check_is_comparable_only_under_equal_quiet_neighbours() -> None:
+    from orchestrator.observe.summary import crosscheck_load, load_warnings
+
+    quiet = crosscheck_load({"replica_cores_foreign_frac": 0.02}, {"replica_cores_foreign_frac": 0.04})
+    assert quiet["crosscheck_comparable"] == 1.0 and abs(quiet["crosscheck_foreign_gap"] - 0.02) < 1e-12
+    assert load_warnings({"replica_cores_foreign_frac": 0.02, **quiet}) == []
+    # the figures of a shared 2-core machine: the neighbours moved between the two runs
+    busy = crosscheck_load({"replica_cores_foreign_frac": 0.23}, {"replica_cores_foreign_frac": 0.76})
+    assert busy["crosscheck_comparable"] == 0.0 and busy["crosscheck_bare_foreign_frac"] == 0.76
+    lines = load_warnings({"replica_cores_foreign_frac": 0.23, **busy})
+    assert len(lines) == 2 and "23%" in lines[0] and "76% during the bare run" in lines[1]
+    # equal but heavy neighbours are not a clean comparison either
+    assert crosscheck_load({"replica_cores_foreign_frac": 0.30},
+                           {"replica_cores_foreign_frac": 0.31})["crosscheck_comparable"] == 0.0
+    # no bare-run accounting: nothing claimed
+    assert crosscheck_load({"replica_cores_foreign_frac": 0.3}, {}) == {}
