@@ -168,38 +168,74 @@ def sync(home: str | None) -> None:
 @main.command()
 @click.argument("sweep_name")
 @click.option("--home", default=None, help=HOME_HELP)
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the report (default <home>/reports/<sweep>/).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.10, show_default=True,
+              help="The knee: the fewest cores within this fraction of the best TTFT p50.")
+@click.option("--ttft-slo", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="TTFT target in seconds for goodput (default: the sweep's slo.ttft_s).")
+@click.option("--tpot-slo", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="TPOT target in seconds for goodput (default: the sweep's slo.tpot_s).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the aggregated table here.")
 @click.option("--core-hour-usd", type=click.FloatRange(min=0), default=None,
               help="Price of one core-hour; with --gpu-hour-usd, adds the cost of cores against GPUs.")
 @click.option("--gpu-hour-usd", type=click.FloatRange(min=0), default=None, help="Price of one GPU-hour.")
-def report(sweep_name: str, home: str | None, csv_path: str | None, core_hour_usd: float | None,
+def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: float, ttft_slo: float | None,
+           tpot_slo: float | None, csv_path: str | None, core_hour_usd: float | None,
            gpu_hour_usd: float | None) -> None:
-    """Rebuild the comparison of SWEEP_NAME from MLflow (MLFLOW_TRACKING_URI, or the local store)."""
-    from mlflow.tracking import MlflowClient
+    """Write the report of SWEEP_NAME (index.html, PNG plots, CSVs) and print its comparison table.
 
-    from orchestrator.observe.report import costs, runs_frame
+    Trials come from MLflow (MLFLOW_TRACKING_URI, or the local store), or from the local outbox when
+    MLflow is unreachable or has none; a report built from MLflow is also logged to the sweep's
+    parent run (artifacts under report/)."""
+    from orchestrator.control.services import ServiceError, free_port, mlflow_server
+    from orchestrator.observe.report import costs
+    from orchestrator.observe.report_data import ReportInputError
+    from orchestrator.observe.report_tables import ReportOptions, Slo
+    from orchestrator.observe.report_writer import publish
     from orchestrator.runner import print_tables
-    from orchestrator.control.services import free_port, mlflow_server
-    from orchestrator.observe.tracking import trial_runs
 
     if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
         raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
-    h = _home(home) / "mlflow"
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (h / "mlflow.db").exists():
-        raise click.ClickException(f"no MLFLOW_TRACKING_URI and no local MLflow store at {h}")
-    with mlflow_server(h, port=free_port()) as server:
-        runs = trial_runs(MlflowClient(server.uri), sweep_name)
-        if not runs:
-            raise click.ClickException(f"no trials of sweep {sweep_name!r} at {server.uri}")
-    table = print_tables(console, runs_frame(runs), sweep_name)
+    root = _home(home)
+    out = Path(out_dir) if out_dir else root / "reports" / sweep_name
+    opts = ReportOptions(tolerance=tolerance, slo=Slo(ttft_slo, tpot_slo, "the command line"),
+                         core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
+    store = root / "mlflow"
+
+    def build(uri: str | None, offline: str = f"no MLFLOW_TRACKING_URI and no local MLflow store at {store}"):
+        try:
+            return publish(sweep_name, uri=uri, outbox_dir=root / "outbox", out_dir=out, opts=opts, offline=offline)
+        except ReportInputError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    if os.environ.get("MLFLOW_TRACKING_URI") or (store / "mlflow.db").exists():
+        try:
+            with mlflow_server(store, port=free_port()) as server:
+                done = build(server.uri)
+        except ServiceError as exc:  # the local store's server did not start: the outbox may still hold results
+            console.print(f"warning: {exc}")
+            done = build(None, f"the local MLflow store at {store} did not start")
+    else:
+        done = build(None)
+    console.print(f"trials read from {done.data.source}")
+    for note in done.data.notes:
+        console.print(f"  note: {note}", soft_wrap=True)
+    table = print_tables(console, done.data.trials, sweep_name, tolerance=tolerance)
     if core_hour_usd is not None:
         bill = costs(table, core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
         console.print("cost of cores against GPUs (core_share = the cores' part of the hourly bill):")
         console.print(bill.drop(columns=[c for c in ("restriction", "start", "repeat", "vllm_variant", "hardware")
                                          if c in bill]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if csv_path:
-        table.to_csv(csv_path, index=False)
+        done.files.table.to_csv(csv_path, index=False)
         console.print(f"table written to {csv_path}")
+    console.print(f"report written to {done.files.index}", soft_wrap=True)
+    if done.logged_to:
+        console.print(f"report logged to MLflow run {done.logged_to} (artifacts under report/)")
+    elif done.warning:
+        console.print(f"warning: {done.warning}")
 
 
 @main.command()

@@ -18,12 +18,13 @@ from orchestrator.plan.spec import SweepSpec
 from orchestrator.control.trial import Trial, TrialState
 
 
-def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 0.10):
+def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 0.10, tolerance: float = 0.10):
     """Print the comparison (and the fresh-vs-repin calibration, when the sweep has both); return the table.
 
     Repeats are aggregated; a configuration whose repeats disagree by more than ``spread_warn`` at
-    TTFT p50 is flagged in the table ("!") and named below it."""
-    table = comparison(frame, spread_warn=spread_warn)
+    TTFT p50 is flagged in the table ("!") and named below it. ``tolerance``: the knee's (see
+    ``report.comparison``)."""
+    table = comparison(frame, tolerance=tolerance, spread_warn=spread_warn)
     if len(table):
         console.print(render(table, title=f"{sweep_name}: TTFT against cores"))
         for line in spread_warnings(table, spread_warn):
@@ -66,6 +67,21 @@ def _tracked_frame(uri: str, plan: SweepPlan):
     ids = {t.trial_id for t in plan.trials}
     frame = runs_frame(r for r in trial_runs(MlflowClient(uri), plan.spec.name) if r.data.tags.get("trial_id") in ids)
     return frame if len(frame) else None
+
+
+def write_sweep_report(spec: SweepSpec, home: Path, uri: str | None) -> str:
+    """Write the sweep's report (``orchestrator.observe.report_writer.publish``) into ``home/reports/<sweep>/``;
+    return the line that says where it is. Never raises: a finished sweep must not fail over its report."""
+    from orchestrator.observe.report_tables import ReportOptions
+    from orchestrator.observe.report_writer import publish
+
+    try:
+        done = publish(spec.name, uri=uri, outbox_dir=home / "outbox", out_dir=home / "reports" / spec.name,
+                       opts=ReportOptions())
+    except Exception as exc:  # noqa: BLE001 (the sweep's results are safe in MLflow or the outbox)
+        return f"warning: the report was not written: {type(exc).__name__}: {exc}"
+    logged = f" (logged to MLflow run {done.logged_to} under report/)" if done.logged_to else ""
+    return f"report written to {done.files.index}{logged}"
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
@@ -117,6 +133,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
             executor.close()
         states = {tid: t.state for tid, t in controller.trials.items()}
         frame = _tracked_frame(ml.uri, plan)
+        report_line = write_sweep_report(spec, home, ml.uri)  # while MLflow still runs, to log the report to it
     if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
         frame = results_frame(plan.trials, results)
     table = print_tables(console, frame, spec.name, spec.protocol.spread_warn)
@@ -124,6 +141,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
     console.print(f"table written to {csv}")
+    console.print(report_line, soft_wrap=True)
     if ml.proc is not None:
         console.print(f"MLflow UI: {ui_command(home)}")
     else:
@@ -134,4 +152,4 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
     return 1 if failed else 0
 
 
-__all__ = ["print_tables", "run_sweep"]
+__all__ = ["print_tables", "run_sweep", "write_sweep_report"]

@@ -9,6 +9,7 @@ given the configuration's rows of :func:`report.comparison` (one per core count)
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,6 +29,7 @@ class Extras:
     diagnosis: Any | None = None           # diagnosis.Diagnosis: stage, sentence, evidence
     model_params: dict[str, float] | None = None
     predicted_knee: int | None = None
+    unfitted: str | None = None            # why no knee model could be fitted
     predicted: pd.DataFrame | None = None  # cores, predicted_s: the model's TTFT p50 at the measured cores
     holdout: pd.DataFrame | None = None    # cores, measured_s, predicted_s, error
     knee_costs: pd.DataFrame | None = None
@@ -54,8 +56,20 @@ def _config_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.reindex(columns=COLUMNS).sort_values("cores").reset_index(drop=True)
 
 
-def extras_for(rows: pd.DataFrame, opts: ReportOptions) -> Extras:
-    """Run each available optional module on one configuration's rows (see the module docstring)."""
+def _call(fn: Any, *args: Any, **optional: Any) -> Any:
+    """``fn(*args, **optional)``, passing only the keyword arguments ``fn`` takes (``tolerance``, ``table``: the
+    modules may or may not take them)."""
+    try:
+        accepted = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    return fn(*args, **{k: v for k, v in optional.items() if takes_any or k in accepted})
+
+
+def extras_for(rows: pd.DataFrame, opts: ReportOptions, table: pd.DataFrame | None = None) -> Extras:
+    """Run each available optional module on one configuration's rows (see the module docstring); ``table``:
+    the whole sweep's comparison, where the cost module looks for the same configuration with one more GPU."""
     config_rows = _config_rows(rows)
     found: dict[str, Any] = {}
     notes: list[str] = []
@@ -68,14 +82,17 @@ def extras_for(rows: pd.DataFrame, opts: ReportOptions) -> Extras:
 
     diagnosis = _safe_module("diagnosis", notes)
     if diagnosis is not None:
-        attempt("diagnosis", lambda: found.update(diagnosis=diagnosis.diagnose(config_rows)))
+        attempt("diagnosis", lambda: found.update(
+            diagnosis=_call(diagnosis.diagnose, config_rows, tolerance=opts.tolerance)))
     predict = _safe_module("predict", notes)
     if predict is not None:
         attempt("predicted knee", lambda: found.update(_prediction(predict, config_rows, opts.tolerance)))
     cost = _safe_module("cost", notes)
     if cost is not None and opts.priced:
-        attempt("knee costs", lambda: found.update(knee_costs=cost.knee_costs(
-            config_rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd)))
+        whole = table.reindex(columns=COLUMNS) if table is not None else None
+        attempt("knee costs", lambda: found.update(knee_costs=_call(
+            cost.knee_costs, config_rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd,
+            tolerance=opts.tolerance, table=whole)))
     return Extras(**found, notes=tuple(notes))
 
 
@@ -90,14 +107,15 @@ def _safe_module(name: str, notes: list[str]) -> ModuleType | None:
 def _prediction(predict: ModuleType, config_rows: pd.DataFrame, tolerance: float) -> dict[str, Any]:
     model = predict.fit(config_rows)
     if model is None:  # too few core counts to fit
-        return {}
+        why = getattr(predict, "cannot_fit", None)
+        return {"unfitted": (why(config_rows) if why is not None else None) or "too few core counts"}
     cores = [int(c) for c in config_rows["cores"]]
     out: dict[str, Any] = {
         "model_params": dict(model.params),
         "predicted_knee": int(model.knee(cores, tolerance)),
         "predicted": pd.DataFrame({"cores": cores, "predicted_s": [float(model.predict_ttft_p50(c)) for c in cores]}),
     }
-    holdout = predict.holdout(config_rows)
+    holdout = _call(predict.holdout, config_rows, tolerance=tolerance)
     if holdout is not None and len(holdout):
         out["holdout"] = holdout
     return out

@@ -28,6 +28,7 @@ th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 img { max-width: 100%; margin: 0.4em 0; }
 """
 NOT_RECORDED = "not recorded"
+HOLDOUT_COLUMNS = ["cores", "measured_s", "predicted_s", "error", "note"]
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,17 @@ def _extras(s: Section) -> str:
         params = ", ".join(f"{_e(k)} = {float(v):.4g}" for k, v in (x.model_params or {}).items())
         out.append(f"<p>Predicted knee: <b>{x.predicted_knee} cores</b> (observed: {observed}). "
                    f"<span class='muted'>Model: {params}</span></p>")
+    elif x.unfitted:
+        out.append(f"<p>Predicted knee: not fitted ({_e(x.unfitted)}).</p>")
     if x.holdout is not None:
-        out.append("<p>Each core count held out in turn, predicted from the others:</p>" + _table(x.holdout))
+        shown = x.holdout.reindex(columns=[c for c in HOLDOUT_COLUMNS if c in x.holdout])
+        out.append("<p>Each core count held out in turn, predicted from the others:</p>" + _table(shown, ["note"]))
         out.append(_img(s.plots.get("holdout"), "predicted against measured TTFT p50"))
     if s.costs is not None and len(s.costs):
         out.append("<h3>Cost of cores against GPUs</h3>" + _table(s.costs))
     if x.knee_costs is not None and len(x.knee_costs):
-        out.append("<p>Starved, at the knee, and with one more GPU:</p>" + _table(x.knee_costs, left=["row", "case"]))
+        out.append("<p>Starved, at the knee, and with one more GPU:</p>"
+                   + _table(x.knee_costs, left=["option", "measured", "note"]))
     out.extend(f"<p class='bad'>{_e(n)}</p>" for n in x.notes)
     return "".join(out)
 

@@ -163,10 +163,11 @@ def configurations(table: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFr
 
 
 def config_labels(table: pd.DataFrame) -> dict[tuple[Any, ...], str]:
-    """A short name per configuration: the factors that differ between the sweep's configurations
-    (model and workload always), as ``factor=value`` joined by spaces."""
+    """A short name per configuration: its model and workload, then ``factor=value`` for every other factor
+    that differs between the sweep's configurations."""
     keys = [k for k, _ in configurations(table)]
-    varying = [c for i, c in enumerate(CONFIG) if len({k[i] for k in keys}) > 1 or c in ("model", "workload")]
+    varying = ["model", "workload", *(c for i, c in enumerate(CONFIG)
+                                      if c not in ("model", "workload") and len({k[i] for k in keys}) > 1)]
     labels = {}
     for k in keys:
         parts = [str(k[CONFIG.index(c)]) if c in ("model", "workload") else f"{c}={k[CONFIG.index(c)]}"

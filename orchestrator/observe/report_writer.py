@@ -60,9 +60,9 @@ class Published:
 
 
 def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts: ReportOptions,
-             plot_dir: Path) -> tuple[Section, list[Path]]:
+             plot_dir: Path, table: pd.DataFrame) -> tuple[Section, list[Path]]:
     anchor = f"config-{i + 1}"
-    extras = extras_for(rows, opts)
+    extras = extras_for(rows, opts, table)
     observed = knee(rows)
     written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
                                predicted=extras.predicted),
@@ -100,7 +100,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     labels = config_labels(table)
     sections, written = [], []
     for i, (key, rows) in enumerate(configurations(table)):
-        section, files = _section(i, key, rows, labels[key], opts, plot_dir)
+        section, files = _section(i, key, rows, labels[key], opts, plot_dir, table)
         sections.append(section)
         written += files
     heat_png = None
@@ -115,12 +115,12 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts)
 
 
-def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path) -> SweepData:
+def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path, offline: str = "no MLflow tracking URI") -> SweepData:
     """The sweep's trials from MLflow at ``uri``, or from the outbox when MLflow is unreachable, fails or has no
-    trials of it. :class:`ReportInputError` when neither has any."""
+    trials of it (``offline``: why there is no ``uri``). :class:`ReportInputError` when neither has any."""
     from orchestrator.observe.tracking import mlflow_server_ok
 
-    reason = "no MLflow tracking URI"
+    reason = offline
     if uri:
         reason = f"MLflow at {uri} is unreachable"
         if mlflow_server_ok(uri):
@@ -143,10 +143,11 @@ def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path) -> SweepData:
     return data
 
 
-def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opts: ReportOptions) -> Published:
+def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opts: ReportOptions,
+            offline: str = "no MLflow tracking URI") -> Published:
     """Read the sweep (:func:`load_sweep`), write its report into ``out_dir`` and, when it came from MLflow, log
     the folder as ``report/`` artifacts of its parent run (a failure to log is a warning, not an error)."""
-    data = load_sweep(sweep, uri=uri, outbox_dir=outbox_dir)
+    data = load_sweep(sweep, uri=uri, outbox_dir=outbox_dir, offline=offline)
     files = write_report(data, out_dir, opts)
     if data.kind != "mlflow" or not uri:
         return Published(files, data)

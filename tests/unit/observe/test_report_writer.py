@@ -1,0 +1,184 @@
+"""The report folder: offline page, PNGs, CSVs, reproducibility, optional sections, the CLI from the outbox."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.observe.report_data import SweepData
+from orchestrator.observe.report_tables import ReportOptions, Slo
+from orchestrator.observe.report_writer import write_report
+
+OPTIONAL = ("diagnosis", "predict", "cost")
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.links += [v for k, v in attrs if k in ("src", "href") and v]
+
+
+def _data(sweep, slo: Slo = Slo()) -> SweepData:
+    return SweepData(sweep="syn", kind="outbox", source="a test outbox", trials=sweep.trials, records=sweep.records,
+                     slo=slo)
+
+
+@pytest.fixture
+def absent(monkeypatch):
+    """The optional modules made absent, whether or not this version has them."""
+    for name in OPTIONAL:
+        monkeypatch.setitem(sys.modules, f"orchestrator.observe.{name}", None)
+
+
+def test_the_folder_is_offline_readable_with_plots_and_csvs(sweep, tmp_path: Path, absent):
+    files = write_report(_data(sweep, Slo(0.3, None, "the sweep's slo")), tmp_path / "r", ReportOptions(n_boot=200))
+    page = files.index.read_text()
+    parser = _Links()
+    parser.feed(page)
+    assert "script" not in parser.tags and "link" not in parser.tags
+    assert parser.links and not [u for u in parser.links if "://" in u or u.startswith("/")]
+    for link in parser.links:
+        if not link.startswith("#"):
+            assert (files.folder / link).is_file(), link
+    pngs = sorted(p.name for p in (files.folder / "plots").glob("*.png"))
+    assert pngs == ["config-1-goodput.png", "config-1-side.png", "config-1-ttft.png", "config-2-goodput.png",
+                    "config-2-side.png", "config-2-ttft.png", "heatmap.png"]
+    assert all((files.folder / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert "a test outbox" in page and "TTFT &lt;= 0.3 s (from the sweep&#x27;s slo)" in page
+    assert "not recorded" in page and "timeout" in page
+    assert "Not in this version of the orchestrator: diagnosis, predicted knee, knee costs" in page
+
+
+def test_csvs_hold_the_tables(sweep, tmp_path: Path, absent):
+    files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=100))
+    agg = pd.read_csv(files.csvs["aggregated"])
+    assert len(agg) == 8 and {"ttft_p50_lo", "ttft_p99_hi", "cell", "knee"} <= set(agg.columns)
+    assert (agg["ttft_p50_lo"].dropna() <= agg.loc[agg["ttft_p50_lo"].notna(), "ttft_p50_s"]).all()
+    trials = pd.read_csv(files.csvs["trials"])
+    assert len(trials) == 16 and trials.set_index("trial_id").loc["chat-c2-r0", "records"] == 80
+    heat = pd.read_csv(files.csvs["heatmap"], index_col="configuration", dtype=str)
+    assert heat.loc["m code", "1"] == "timeout" and float(heat.loc["m code", "8"]) == pytest.approx(
+        agg[(agg["workload"] == "code") & (agg["cores"] == 8)]["speedup_p50"].iloc[0], abs=0.005)
+
+
+def test_the_same_inputs_write_the_same_files(sweep, tmp_path: Path, absent):
+    a = write_report(_data(sweep), tmp_path / "a", ReportOptions(n_boot=100, seed=3))
+    b = write_report(_data(sweep), tmp_path / "b", ReportOptions(n_boot=100, seed=3))
+    for name in ("index.html", "aggregated.csv", "trials.csv", "heatmap.csv", "plots/config-1-ttft.png"):
+        assert (a.folder / name).read_bytes() == (b.folder / name).read_bytes(), name
+
+
+def test_figures_of_configurations_gone_since_are_removed(sweep, tmp_path: Path, absent):
+    (tmp_path / "r" / "plots").mkdir(parents=True)
+    (tmp_path / "r" / "plots" / "config-9-ttft.png").write_bytes(b"old")
+    write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=20))
+    assert not (tmp_path / "r" / "plots" / "config-9-ttft.png").exists()
+
+
+def _fake(name: str, **fns) -> types.ModuleType:
+    mod = types.ModuleType(f"orchestrator.observe.{name}")
+    mod.__dict__.update(fns)
+    return mod
+
+
+@dataclasses.dataclass(frozen=True)
+class _Diagnosis:
+    stage: str
+    sentence: str
+    evidence: dict
+
+
+class _Model:
+    params = {"a": 0.05, "b": 0.4}
+
+    def predict_ttft_p50(self, cores: int) -> float:
+        return 0.05 + 0.4 / cores
+
+    def knee(self, cores, tolerance: float) -> int:
+        return 4
+
+
+def test_optional_sections_render_when_their_modules_exist(sweep, tmp_path: Path, monkeypatch):
+    seen = {}
+
+    def diagnose(rows):
+        seen["rows"] = rows
+        return _Diagnosis("frontend", f"tokenization starves below {int(rows['cores'].max())} cores", {"share": 0.6})
+
+    def holdout(rows):
+        return pd.DataFrame({"cores": rows["cores"], "measured_s": rows["ttft_p50_s"],
+                             "predicted_s": rows["ttft_p50_s"] * 1.1, "error": 0.1})
+
+    def knee_costs(rows, *, core_hour_usd, gpu_hour_usd):
+        return pd.DataFrame({"option": ["starved", "knee", "one more GPU"], "usd_per_hour": [1.0, 1.2, 5.0],
+                             "usd_per_1k_requests": [0.3, 0.2, 0.9]})
+
+    monkeypatch.setitem(sys.modules, "orchestrator.observe.diagnosis", _fake("diagnosis", diagnose=diagnose))
+    monkeypatch.setitem(sys.modules, "orchestrator.observe.predict",
+                        _fake("predict", fit=lambda rows: _Model(), holdout=holdout))
+    monkeypatch.setitem(sys.modules, "orchestrator.observe.cost", _fake("cost", knee_costs=knee_costs))
+    files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=50, core_hour_usd=0.05, gpu_hour_usd=4))
+    page = files.index.read_text()
+    assert "Diagnosis (frontend):</b> tokenization starves below 8 cores" in page
+    assert "Predicted knee: <b>4 cores</b> (observed: 8 cores)" in page and "one more GPU" in page
+    assert (files.folder / "plots" / "config-1-holdout.png").is_file()
+    assert "Not in this version" not in page and "usd_per_1k_requests" in page
+    assert list(seen["rows"]["cores"]) == [1, 2, 4, 8] and "ttft_p50_lo" not in seen["rows"]  # comparison() rows
+
+
+def test_a_failing_optional_module_costs_only_its_section(sweep, tmp_path: Path, monkeypatch, absent):
+    def broken(rows):
+        raise ZeroDivisionError("no cores")
+
+    monkeypatch.setitem(sys.modules, "orchestrator.observe.diagnosis", _fake("diagnosis", diagnose=broken))
+    files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=20))
+    page = files.index.read_text()
+    assert "diagnosis: ZeroDivisionError: no cores" in page and "config-2-ttft.png" in page
+
+
+def test_the_report_command_reads_the_outbox_when_there_is_no_mlflow(tmp_path: Path, make_records, make_outbox,
+                                                                     monkeypatch):
+    from orchestrator.cli import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    make_outbox(tmp_path / "home" / "outbox", lambda t: make_records(0.02 + 0.2 / t.cores, 40, seed=t.repeat),
+                slo={"ttft_s": 0.15})
+    out = tmp_path / "rep"
+    res = CliRunner().invoke(main, ["report", "box-sweep", "--home", str(tmp_path / "home"), "--out", str(out),
+                                    "--tpot-slo", "0.05", "--csv", str(tmp_path / "t.csv")])
+    assert res.exit_code == 0, res.output
+    assert "trials read from the local outbox" in res.output and f"report written to {out / 'index.html'}" in res.output
+    page = (out / "index.html").read_text()
+    assert "TTFT &lt;= 0.15 s and TPOT &lt;= 0.05 s (from the command line and the sweep&#x27;s slo)" in page
+    assert len(pd.read_csv(tmp_path / "t.csv")) == 3
+
+
+def test_the_report_command_names_what_is_missing(tmp_path: Path, monkeypatch):
+    from orchestrator.cli import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    res = CliRunner().invoke(main, ["report", "nothing", "--home", str(tmp_path)])
+    assert res.exit_code == 1 and "no trials of sweep 'nothing': no MLFLOW_TRACKING_URI and no local MLflow" in res.output
+
+
+def test_a_sweeps_report_failure_is_a_warning_line(tmp_path: Path):
+    from orchestrator.plan.spec import parse_spec
+    from orchestrator.runner import write_sweep_report
+
+    spec = parse_spec({"name": "gone", "models": [{"name": "m", "shape": "tiny-llama"}],
+                       "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+                       "grid": {"cores": [1]}})
+    line = write_sweep_report(spec, tmp_path, None)
+    assert line.startswith("warning: the report was not written: ReportInputError: no trials of sweep 'gone'")
