@@ -125,3 +125,41 @@ def test_shared_start_groups_the_windows_of_one_core_count():
         (1, 0, "a"), (1, 0, "u"), (1, 1, "a"), (1, 1, "u"), (12, 0, "a"), (12, 0, "u"), (12, 1, "a"), (12, 1, "u")]
     assert len({start_key(t) for t in trials[:4]}) == 1 and start_key(trials[0]) != start_key(trials[4])
     assert [t.protocol.crosschecks(t.cores) for t in trials] == [False] * 4 + [True] * 4
+
+
+def test_a_core_count_where_most_requests_timed_out_gets_no_speedup_or_knee():
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2, 4]},
+    }))
+    # at 1 core the few requests that finished were quick ones: their TTFT would look like the best
+    metrics = {1: {"ttft_p50_s": 0.09, "timeout_rate": 0.8}, 2: {"ttft_p50_s": 0.3, "timeout_rate": 0.0},
+               4: {"ttft_p50_s": 0.1, "timeout_rate": 0.0}}
+    results = [TrialResult(t.trial_id, TrialStatus.COMPLETED, metrics=metrics[t.cores]) for t in p.trials]
+    df = comparison(results_frame(p.trials, results)).set_index("cores")
+    assert math.isnan(df.loc[1, "speedup_p50"]) and df.loc[1, "knee"] == ""
+    assert df.loc[4, "knee"] == "<- knee" and math.isclose(df.loc[4, "speedup_p50"], 3.0)
+
+
+def test_outbox_payloads_and_mlflow_runs_give_the_same_rows():
+    from types import SimpleNamespace
+
+    from orchestrator.observe import outbox
+    from orchestrator.observe.report import payloads_frame, runs_frame
+
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [2]},
+    }))
+    t = p.trials[0]
+    payload = outbox.trial_payload(t, TrialResult(t.trial_id, TrialStatus.COMPLETED, metrics={"ttft_p50_s": 0.2}))
+    run = SimpleNamespace(data=SimpleNamespace(params=payload["params"], tags={**payload["tags"], "superseded": "false"},
+                                               metrics={**payload["metrics"], "ts/replica_cpu_util": 50.0}),
+                          info=SimpleNamespace(status="FINISHED"))
+    a, b = payloads_frame([payload]), runs_frame([run])
+    assert "ts/replica_cpu_util" not in b.columns  # a series' last sample is no summary figure
+    assert a.to_dict("records") == b.to_dict("records")
+    row = a.iloc[0]
+    assert (row["cores"], row["gpus"], row["repeat"], row["status"], row["ttft_p50_s"]) == (2, 0, 0, "COMPLETED", 0.2)
