@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+                      model_serializer, model_validator)
 
 from orchestrator.plan.models import SHAPES
 from workloads.spec import WorkloadSpec
@@ -142,8 +142,28 @@ class ProtocolSpec(_Strict):
                                            "((max - min) / median) exceeds this.")
 
 
+class StacksSpec(_Strict):
+    """Sampled Python stacks of the replica's processes (py-spy), named by category per process role."""
+
+    enabled: bool = Field(default=False, description="Sample stacks during the window (costs TTFT: see "
+                                                     "benchmarks/results/attribution.md).")
+    rate_hz: float = Field(default=49.0, gt=0, le=1000, description="Samples per second of every thread.")
+    native: bool = Field(default=False, description="Also C/C++ frames. py-spy then stops the replica at every "
+                                                    "sample: for diagnosis, not for measured windows.")
+
+
+class GpuProfileSpec(_Strict):
+    """GPU only: a short torch-profiler capture inside the window through vLLM's /start_profile and /stop_profile."""
+
+    enabled: bool = Field(default=False, description="Capture once per window (GPU trials only).")
+    seconds: float = Field(default=2.0, gt=0, le=60, description="Length of the capture.")
+
+
 class TelemetrySpec(_Strict):
-    """What is sampled during a window, and how often. Each costs something; benchmarks/overhead_bench.py measures it."""
+    """What is sampled during a window, and how often. Each costs something; benchmarks/overhead_bench.py measures it.
+
+    Part of a trial's identity, since it changes what is measured; ``stacks`` and ``gpu_profile`` only when
+    they differ from their defaults, so the trials of a sweep that leaves them out keep their ids."""
 
     host_hz: float = Field(default=10.0, ge=0, le=100,
                            description="Per-core CPU utilisation (psutil) samples per second; 0 = off.")
@@ -151,6 +171,17 @@ class TelemetrySpec(_Strict):
                               description="Scrapes of vLLM's /metrics gauges per second (the API server's event loop "
                                           "serves each one); 0 = off. The before/after scrape is always taken.")
     gpu: bool = Field(default=True, description="GPU utilisation and memory through NVML, with the host samples.")
+    stacks: StacksSpec = Field(default_factory=StacksSpec, description="Sampled stacks per process role; off by default.")
+    gpu_profile: GpuProfileSpec = Field(default_factory=GpuProfileSpec,
+                                        description="A short GPU profile per window (GPU only); off by default.")
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for name, default in (("stacks", StacksSpec()), ("gpu_profile", GpuProfileSpec())):
+            if getattr(self, name) == default:
+                out.pop(name, None)
+        return out
 
 
 class SloSpec(_Strict):
