@@ -90,8 +90,8 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     plot_dir.mkdir(parents=True, exist_ok=True)
     for old in plot_dir.glob("*.png"):  # a configuration gone since the last report leaves no figure behind
         old.unlink()
-    table = aggregated_table(data.trials, data.records, opts)
     per_trial = trial_table(data.trials, data.records, opts.slo)
+    table = aggregated_table(data.trials, data.records, opts, per_trial)
     heat = heatmap_table(table)
     csvs = {name: out_dir / file for name, file in CSVS.items()}
     table.to_csv(csvs["aggregated"], index=False)

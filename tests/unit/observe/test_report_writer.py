@@ -182,3 +182,12 @@ def test_a_sweeps_report_failure_is_a_warning_line(tmp_path: Path):
                        "grid": {"cores": [1]}})
     line = write_sweep_report(spec, tmp_path, None)
     assert line.startswith("warning: the report was not written: ReportInputError: no trials of sweep 'gone'")
+
+
+def test_a_sweeps_report_lands_in_its_home(tmp_path: Path, make_records, make_outbox):
+    from orchestrator.runner import write_sweep_report
+
+    plan = make_outbox(tmp_path / "outbox", lambda t: make_records(0.1 / t.cores, 20, seed=t.repeat), cores=(1, 2))
+    line = write_sweep_report(plan.spec, tmp_path, None)
+    index = tmp_path / "reports" / "box-sweep" / "index.html"
+    assert line == f"report written to {index}" and "Trials read from the local outbox" in index.read_text()
