@@ -38,10 +38,16 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def _cores_axis(ax: Any, cores: Sequence[int]) -> None:
-    """Cores on a log2 axis when they span 4x or more, ticked at the measured counts."""
+    """Cores on a log2 axis when they span 4x or more, ticked at the measured counts, all of them in view."""
     cores = sorted({int(c) for c in cores})
-    if cores and cores[0] > 0 and cores[-1] / cores[0] >= 4:
+    if not cores:
+        return
+    if cores[0] > 0 and cores[-1] / cores[0] >= 4:
         ax.set_xscale("log", base=2)
+        ax.set_xlim(cores[0] / 2**0.3, cores[-1] * 2**0.3)
+    else:  # every measured count in view, also those without a point (a timeout)
+        pad = 0.1 * max(1, cores[-1] - cores[0])
+        ax.set_xlim(cores[0] - pad, cores[-1] + pad)
     ax.set_xticks(cores, [str(c) for c in cores])
     ax.minorticks_off()
     ax.set_xlabel("cores")
@@ -75,9 +81,7 @@ def ttft_plot(rows: pd.DataFrame, path: Path, *, title: str, knee: int | None,
     if predicted is not None and len(predicted):
         ax.plot(predicted["cores"], predicted["predicted_s"] * 1000, "k--", lw=1, label="predicted p50")
     if knee is not None:
-        ax.axvline(knee, color="0.5", ls=":", lw=1)
-        ax.annotate(f"knee: {knee}", (knee, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                    textcoords="offset points", fontsize=8, color="0.3")
+        ax.axvline(knee, color="0.5", ls=":", lw=1, label=f"knee: {knee} cores")
     for c, cell in zip(x, rows["cell"]):
         if cell:
             ax.annotate(cell, (c, 0), xycoords=("data", "axes fraction"), xytext=(0, 4), textcoords="offset points",

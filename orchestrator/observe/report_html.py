@@ -86,6 +86,13 @@ def _num(v: Any, fmt: str = "{:.3g}", missing: str = "-") -> str:
     return missing if _nan(v) else fmt.format(float(v))
 
 
+def _pairs(values: Mapping[str, Any]) -> str:
+    """``name = value`` pairs (numbers to 4 significant digits; anything else as text)."""
+    def one(v: Any) -> str:
+        return _num(v, "{:.4g}") if isinstance(v, (int, float)) and not isinstance(v, bool) else _e(v)
+    return ", ".join(f"{_e(k)} = {one(v)}" for k, v in values.items())
+
+
 def _table(frame: pd.DataFrame, left: Sequence[str] = ()) -> str:
     """A plain table of a small frame (floats to 4 significant digits)."""
     head = "".join(f"<th class='{'l' if c in left else ''}'>{_e(c)}</th>" for c in frame.columns)
@@ -131,7 +138,7 @@ def _extras(s: Section) -> str:
     x, out = s.extras, []
     if x.predicted_knee is not None:
         observed = f"{s.knee} cores" if s.knee is not None else "none"
-        params = ", ".join(f"{_e(k)} = {float(v):.4g}" for k, v in (x.model_params or {}).items())
+        params = _pairs(x.model_params or {})
         out.append(f"<p>Predicted knee: <b>{x.predicted_knee} cores</b> (observed: {observed}). "
                    f"<span class='muted'>Model: {params}</span></p>")
     elif x.unfitted:
@@ -157,7 +164,7 @@ def _section(s: Section, opts: ReportOptions) -> str:
            f"<p>Observed knee: {knee}.</p>"]
     d = s.extras.diagnosis
     if d is not None:
-        evidence = ", ".join(f"{_e(k)} = {float(v):.3g}" for k, v in getattr(d, "evidence", {}).items())
+        evidence = _pairs(getattr(d, "evidence", None) or {})
         out.append(f"<p class='diagnosis'><b>Diagnosis ({_e(d.stage)}):</b> {_e(d.sentence)}"
                    + (f"<br><span class='muted'>{evidence}</span>" if evidence else "") + "</p>")
     out.append(_rows_table(s.rows, opts.slo))
