@@ -17,6 +17,7 @@ SLOs of a sweep: ``slo: {ttft_s, tpot_s}`` in its spec, or params ``slo_ttft_s``
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,7 @@ def from_mlflow(client: Any, sweep: str, *, source: str) -> SweepData | None:
     """The sweep's latest trial runs and their records from MLflow; None when it has no trial runs."""
     from orchestrator.observe.tracking import parent_run, trial_runs
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per trial would flood stdout
     runs = trial_runs(client, sweep)
     if not runs:
         return None

@@ -160,6 +160,8 @@ def _section(s: Section, opts: ReportOptions) -> str:
     factors = ", ".join(f"{_e(k)}={_e(v)}" for k, v in s.factors.items())
     knee = (f"<b>{s.knee} cores</b>: the fewest within {opts.tolerance:.0%} of the best TTFT p50"
             if s.knee is not None else "none (no core count gave a TTFT p50)")
+    if s.knee is not None and len(s.rows) > 1 and s.knee == int(s.rows["cores"].max()):
+        knee += "; it is the most cores tested, so TTFT may still fall beyond it"
     out = [f"<h2 id='{_e(s.anchor)}'>{_e(s.label)}</h2>", f"<p class='muted'>{factors}</p>",
            f"<p>Observed knee: {knee}.</p>"]
     d = s.extras.diagnosis

@@ -58,6 +58,7 @@ def test_the_folder_is_offline_readable_with_plots_and_csvs(sweep, tmp_path: Pat
     assert all((files.folder / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert "a test outbox" in page and "TTFT &lt;= 0.3 s (from the sweep&#x27;s slo)" in page
     assert "not recorded" in page and "timeout" in page
+    assert "Observed knee: <b>8 cores</b>" in page and "it is the most cores tested" in page
     assert "Not in this version of the orchestrator: diagnosis, predicted knee, knee costs" in page
 
 
