@@ -286,5 +286,10 @@ def model_build(shape: str, dest: str) -> None:
     console.print(f"wrote {path} (serve with --load-format dummy)")
 
 
+from orchestrator.observe.provisioning_cli import provisioning  # noqa: E402  (click only; pandas loads in the command)
+
+main.add_command(provisioning)
+
+
 if __name__ == "__main__":
     main()
