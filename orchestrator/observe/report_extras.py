@@ -28,6 +28,7 @@ class Extras:
 
     diagnosis: Any | None = None           # diagnosis.Diagnosis: stage, sentence, evidence
     model_params: dict[str, float] | None = None
+    model_inputs: dict[str, Any] | None = None  # what the model was fitted on (logged with the prediction)
     predicted_knee: int | None = None
     unfitted: str | None = None            # why no knee model could be fitted
     predicted: pd.DataFrame | None = None  # cores, predicted_s: the model's TTFT p50 at the measured cores
@@ -112,6 +113,7 @@ def _prediction(predict: ModuleType, config_rows: pd.DataFrame, tolerance: float
     cores = [int(c) for c in config_rows["cores"]]
     out: dict[str, Any] = {
         "model_params": dict(model.params),
+        "model_inputs": dict(model.inputs),
         "predicted_knee": int(model.knee(cores, tolerance)),
         "predicted": pd.DataFrame({"cores": cores, "predicted_s": [float(model.predict_ttft_p50(c)) for c in cores]}),
     }

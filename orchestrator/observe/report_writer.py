@@ -6,6 +6,8 @@ Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<swee
     aggregated.csv   one row per configuration x cores, with the TTFT intervals (report_tables.aggregated_table)
     trials.csv       one row per trial (report_tables.trial_table)
     heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (report_tables.heatmap_table)
+    predictions.json per configuration: the knee model's parameters, its inputs, the predicted knee
+                     and the held-out check (orchestrator.observe.predict), or why there is none
     plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.plots)
 
 :func:`publish` reads the sweep (MLflow, else the outbox: :mod:`orchestrator.observe.report_data`),
@@ -16,6 +18,7 @@ MLflow. The same inputs and seed write the same files.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +84,14 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
     return section, written
 
 
+def _prediction_record(s: Section) -> dict[str, Any]:
+    x = s.extras
+    holdout = x.holdout.to_dict(orient="records") if x.holdout is not None else None
+    return {"configuration": {k: str(v) for k, v in s.factors.items()}, "observed_knee": s.knee,
+            "predicted_knee": x.predicted_knee, "params": x.model_params, "inputs": x.model_inputs,
+            "holdout": holdout, "not_fitted": x.unfitted}
+
+
 def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportFiles:
     """Write the report folder of ``data`` into ``out_dir`` (see the module docstring). ``opts.slo`` holds
     the command line's SLOs; a target it leaves out is taken from the sweep's own ``slo:``."""
@@ -103,6 +114,8 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         section, files = _section(i, key, rows, labels[key], opts, plot_dir, table)
         sections.append(section)
         written += files
+    (out_dir / "predictions.json").write_text(json.dumps(
+        [_prediction_record(s) for s in sections], indent=2, default=str), encoding="utf-8")
     heat_png = None
     if len(table):
         written.append(plots.heatmap_plot(table, labels, plot_dir / "heatmap.png"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 from html.parser import HTMLParser
@@ -103,6 +104,7 @@ class _Diagnosis:
 
 class _Model:
     params = {"a": 0.05, "b": 0.4}
+    inputs = {"cores": [1, 2, 4, 8]}
 
     def predict_ttft_p50(self, cores: int) -> float:
         return 0.05 + 0.4 / cores
@@ -136,6 +138,9 @@ def test_optional_sections_render_when_their_modules_exist(sweep, tmp_path: Path
     assert "Predicted knee: <b>4 cores</b> (observed: 8 cores)" in page and "one more GPU" in page
     assert (files.folder / "plots" / "config-1-holdout.png").is_file()
     assert "Not in this version" not in page and "usd_per_1k_requests" in page
+    logged = json.loads((files.folder / "predictions.json").read_text())[0]
+    assert logged["predicted_knee"] == 4 and logged["params"] == {"a": 0.05, "b": 0.4}
+    assert logged["inputs"] == {"cores": [1, 2, 4, 8]} and len(logged["holdout"]) == 4
     assert list(seen["rows"]["cores"]) == [1, 2, 4, 8] and "ttft_p50_lo" not in seen["rows"]  # comparison() rows
 
 
