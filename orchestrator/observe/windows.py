@@ -1,0 +1,186 @@
+"""How much of the time a sweep held its replicas was spent measuring: the share inside windows.
+
+Users pay for GPU hours, and a sweep spends most of them starting vLLM, so this share is the figure
+every start-up saving is judged by. A *lease* is one node slot held for one replica (its GPUs and
+cores, from the request to start it until it is stopped): a fresh trial, a repin group or a shared
+start. Its held time is cut into phases, each moment counted once:
+
+- ``starting``: the replica start (or a re-pin) was requested until it answered, or failed;
+- ``warmup``: the protocol's unmeasured warm-up run;
+- ``window``: a measurement window;
+- ``crosscheck``: the bare client's replay of a window;
+- ``teardown``: the stop was requested until the replica was gone;
+- ``idle``: held and none of the above (core allocation, checks, results between windows).
+
+Where two spans overlap, the moment goes to the first of ``window, crosscheck, warmup, starting,
+teardown``. Across leases the time is weighted by what the lease holds: GPU-seconds, a lease's held
+time times its GPUs; a CPU-only lease (0 GPUs) counts its cores instead, in core-seconds, and the two
+units are never added. Overlapping leases on one node each count their own. All pure; times are
+seconds on any one clock the sweep shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+PHASES = ("starting", "warmup", "window", "crosscheck", "teardown", "idle")
+PRIORITY = ("window", "crosscheck", "warmup", "starting", "teardown")  # who gets a moment two spans share
+# Event names for ``timeline_from_events``: what each begins or ends.
+BEGINS = {"start": "starting", "repin": "starting", "warmup": "warmup", "window": "window",
+          "crosscheck": "crosscheck", "stop": "teardown"}
+ENDS = {"ready": "starting", "repinned": "starting", "start_failed": "starting", "warmup_end": "warmup",
+        "window_end": "window", "crosscheck_end": "crosscheck", "stopped": "teardown"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase of a lease, from ``start`` to ``end`` (seconds)."""
+
+    phase: str
+    start: float
+    end: float
+
+    def __post_init__(self) -> None:
+        if self.phase not in PRIORITY:
+            raise ValueError(f"unknown phase {self.phase!r}: one of {', '.join(PRIORITY)}")
+        if self.end < self.start:
+            raise ValueError(f"{self.phase} span ends ({self.end}) before it starts ({self.start})")
+
+
+@dataclass(frozen=True)
+class LeaseTimeline:
+    """One lease: held from ``held_from`` to ``held_to`` with ``gpus`` GPUs and ``cores`` cores on ``node``."""
+
+    lease: str
+    held_from: float
+    held_to: float
+    gpus: int = 0
+    cores: int = 0
+    spans: tuple[Span, ...] = ()
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        if self.held_to < self.held_from:
+            raise ValueError(f"lease {self.lease} is released ({self.held_to}) before it is held ({self.held_from})")
+        if self.gpus < 0 or self.cores < 0:
+            raise ValueError(f"lease {self.lease}: negative gpus or cores")
+
+    @property
+    def unit(self) -> str:
+        """``gpu`` when the lease holds GPUs, else ``core``: what its time is weighted by."""
+        return "gpu" if self.gpus > 0 else "core"
+
+    @property
+    def weight(self) -> int:
+        return self.gpus if self.gpus > 0 else self.cores
+
+
+@dataclass(frozen=True)
+class LeaseShare:
+    """A lease's held seconds by phase (unweighted), and the share of them inside windows."""
+
+    lease: str
+    node: str
+    unit: str
+    weight: int
+    held_s: float
+    phases: dict[str, float]
+
+    @property
+    def window_share(self) -> float | None:
+        """window seconds / held seconds (None for a lease held no time)."""
+        return self.phases["window"] / self.held_s if self.held_s > 0 else None
+
+
+@dataclass(frozen=True)
+class UnitShare:
+    """All leases of one unit: held ``unit``-seconds by phase (each lease's seconds times its weight)."""
+
+    unit: str
+    leases: int
+    held: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def window_share(self) -> float | None:
+        """sum(window_s * weight) / sum(held_s * weight) over the leases (None when nothing was held)."""
+        return self.phases["window"] / self.held if self.held > 0 else None
+
+
+def phase_seconds(t: LeaseTimeline) -> dict[str, float]:
+    """Seconds of each phase within the lease's held time; they add up to the held time.
+
+    Spans are clipped to the held time; a moment in several spans goes to the first in ``PRIORITY``;
+    what no span covers is ``idle``."""
+    lo, hi = t.held_from, t.held_to
+    spans = [(s.phase, max(lo, s.start), min(hi, s.end)) for s in t.spans]
+    spans = [s for s in spans if s[2] > s[1]]
+    cuts = sorted({lo, hi, *(s[1] for s in spans), *(s[2] for s in spans)})
+    out = dict.fromkeys(PHASES, 0.0)
+    for a, b in zip(cuts, cuts[1:]):
+        covering = [p for p, s, e in spans if s <= a and e >= b]
+        out[min(covering, key=PRIORITY.index) if covering else "idle"] += b - a
+    return out
+
+
+def lease_share(t: LeaseTimeline) -> LeaseShare:
+    """The lease's phases and window share."""
+    return LeaseShare(t.lease, t.node, t.unit, t.weight, t.held_to - t.held_from, phase_seconds(t))
+
+
+def unit_shares(timelines: Iterable[LeaseTimeline]) -> dict[str, UnitShare]:
+    """The whole sweep, per unit (``gpu``, ``core``): weighted held time by phase and the window share."""
+    acc: dict[str, tuple[int, float, dict[str, float]]] = {}
+    for t in timelines:
+        s = lease_share(t)
+        n, held, phases = acc.get(s.unit, (0, 0.0, dict.fromkeys(PHASES, 0.0)))
+        acc[s.unit] = (n + 1, held + s.held_s * s.weight,
+                       {p: phases[p] + s.phases[p] * s.weight for p in PHASES})
+    return {u: UnitShare(u, n, held, phases) for u, (n, held, phases) in sorted(acc.items())}
+
+
+def share_metrics(shares: dict[str, UnitShare]) -> dict[str, float]:
+    """Flat figures for the sweep's run: ``<unit>_held_s``, ``<unit>_<phase>_s`` and ``<unit>_window_share``
+    (e.g. ``gpu_window_share``), each unit labelled, never added to another."""
+    out: dict[str, float] = {}
+    for u, s in shares.items():
+        out[f"{u}_held_s"] = round(s.held, 3)
+        out.update({f"{u}_{p}_s": round(v, 3) for p, v in s.phases.items()})
+        if s.window_share is not None:
+            out[f"{u}_window_share"] = round(s.window_share, 4)
+    return out
+
+
+def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpus: int = 0, cores: int = 0,
+                         node: str = "", held_from: float | None = None, held_to: float | None = None) -> LeaseTimeline:
+    """A lease from what its executor saw, as ``(event, time)`` in order of time.
+
+    Events come in pairs, one phase each: ``start``/``ready`` (starting), ``repin``/``repinned``,
+    ``warmup``/``warmup_end``, ``window``/``window_end``, ``crosscheck``/``crosscheck_end``,
+    ``stop``/``stopped`` (teardown). ``start_failed`` ends a start that never answered. A phase
+    still open at the next ``stop`` (or at the end) ends there. The lease is held from ``held_from``
+    (default: the first event) to ``held_to`` (default: the last)."""
+    if not events:
+        raise ValueError(f"lease {lease}: no events")
+    open_at: dict[str, float] = {}
+    spans: list[Span] = []
+    for name, at in events:
+        if name in BEGINS:
+            if name == "stop":
+                spans += [Span(p, s, at) for p, s in open_at.items()]
+                open_at.clear()
+            open_at[BEGINS[name]] = at
+        elif name in ENDS:
+            if ENDS[name] in open_at:
+                spans.append(Span(ENDS[name], open_at.pop(ENDS[name]), at))
+        else:
+            raise ValueError(f"lease {lease}: unknown event {name!r}")
+    last = events[-1][1] if held_to is None else held_to
+    spans += [Span(p, s, max(s, last)) for p, s in open_at.items()]
+    first = events[0][1] if held_from is None else held_from
+    return LeaseTimeline(lease, first, last, gpus, cores, tuple(sorted(spans, key=lambda s: s.start)), node)
+
+
+__all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "LeaseTimeline", "Span", "UnitShare", "lease_share",
+           "phase_seconds", "share_metrics", "timeline_from_events", "unit_shares"]

@@ -1,0 +1,95 @@
+"""The share of held time inside windows, on a constructed sweep whose answers are worked out by hand:
+
+- ``a1``: node A, 1 GPU, held 0-300 s: start 0-200, warm-up 205-215, window 220-262, cross-check
+  265-280, teardown 285-300; idle 5+5+3+5 = 18 s; share 42/300.
+- ``a2``: node A too (packed, overlapping ``a1``), 1 GPU, held 100-250 s: one shared start 100-180,
+  windows 185-215 and 218-238, teardown 240-250; idle 5+3+2 = 10 s; share 50/150.
+- ``b1``: node B, 2 GPUs, a failed start 0-120, teardown 120-130: held, no window.
+- ``c1``: a CPU-only trial, 0 GPUs and 4 cores, held 0-100 s: start 0-60, window 60-90, teardown 90-100.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.observe.windows import (PHASES, LeaseTimeline, Span, lease_share, phase_seconds, share_metrics,
+                                          timeline_from_events, unit_shares)
+
+A1 = timeline_from_events("a1", [("start", 0), ("ready", 200), ("warmup", 205), ("warmup_end", 215),
+                                 ("window", 220), ("window_end", 262), ("crosscheck", 265), ("crosscheck_end", 280),
+                                 ("stop", 285), ("stopped", 300)], gpus=1, cores=4, node="A")
+A2 = timeline_from_events("a2", [("start", 100), ("ready", 180), ("window", 185), ("window_end", 215),
+                                 ("window", 218), ("window_end", 238), ("stop", 240), ("stopped", 250)],
+                          gpus=1, cores=4, node="A")
+B1 = timeline_from_events("b1", [("start", 0), ("start_failed", 120), ("stop", 120), ("stopped", 130)],
+                          gpus=2, cores=8, node="B")
+C1 = timeline_from_events("c1", [("start", 0), ("ready", 60), ("window", 60), ("window_end", 90), ("stop", 90),
+                                 ("stopped", 100)], gpus=0, cores=4, node="C")
+
+
+def test_one_lease_by_phase() -> None:
+    s = lease_share(A1)
+    assert s.held_s == 300 and s.unit == "gpu" and s.weight == 1
+    assert s.phases == {"starting": 200, "warmup": 10, "window": 42, "crosscheck": 15, "teardown": 15, "idle": 18}
+    assert s.window_share == pytest.approx(42 / 300)
+
+
+def test_shared_start_counts_every_window_on_it() -> None:
+    s = lease_share(A2)
+    assert s.phases == {"starting": 80, "warmup": 0, "window": 50, "crosscheck": 0, "teardown": 10, "idle": 10}
+    assert s.window_share == pytest.approx(1 / 3)
+
+
+def test_failed_start_is_held_with_no_window() -> None:
+    s = lease_share(B1)
+    assert s.held_s == 130 and s.phases["starting"] == 120 and s.phases["teardown"] == 10
+    assert s.phases["window"] == 0 and s.window_share == 0
+
+
+def test_sweep_is_gpu_weighted_and_overlapping_leases_each_count() -> None:
+    shares = unit_shares([A1, A2, B1, C1])
+    gpu = shares["gpu"]
+    assert gpu.leases == 3 and gpu.held == 300 + 150 + 2 * 130
+    assert gpu.phases == {"starting": 200 + 80 + 2 * 120, "warmup": 10, "window": 92, "crosscheck": 15,
+                          "teardown": 15 + 10 + 2 * 10, "idle": 28}
+    assert sum(gpu.phases.values()) == gpu.held
+    assert gpu.window_share == pytest.approx(92 / 710)
+    core = shares["core"]  # the CPU-only trial counts its cores, apart from the GPU figures
+    assert core.leases == 1 and core.held == 400 and core.window_share == pytest.approx(0.3)
+
+
+def test_share_metrics_are_labelled_by_unit() -> None:
+    m = share_metrics(unit_shares([A1, A2, B1, C1]))
+    assert m["gpu_held_s"] == 710 and m["gpu_window_s"] == 92 and m["gpu_window_share"] == round(92 / 710, 4)
+    assert m["core_held_s"] == 400 and m["core_window_share"] == 0.3 and m["core_starting_s"] == 240
+    assert set(m) == {f"{u}_{p}_s" for u in ("gpu", "core") for p in PHASES} | {
+        "gpu_held_s", "core_held_s", "gpu_window_share", "core_window_share"}
+
+
+def test_overlapping_spans_count_once_by_priority_and_are_clipped() -> None:
+    t = LeaseTimeline("x", 0, 50, gpus=1, spans=(Span("starting", -10, 10), Span("window", 10, 20),
+                                                Span("crosscheck", 15, 25), Span("teardown", 40, 60)))
+    assert phase_seconds(t) == {"starting": 10, "warmup": 0, "window": 10, "crosscheck": 5, "teardown": 10,
+                                "idle": 15}
+
+
+def test_open_phases_end_at_the_stop_and_held_time_can_start_earlier() -> None:
+    t = timeline_from_events("y", [("start", 10), ("ready", 30), ("window", 30), ("stop", 70), ("stopped", 75)],
+                             gpus=1, held_from=0)
+    assert phase_seconds(t) == {"starting": 20, "warmup": 0, "window": 40, "crosscheck": 0, "teardown": 5,
+                                "idle": 10}  # 0-10: the slot was reserved before the start was requested
+    repin = timeline_from_events("z", [("start", 0), ("ready", 10), ("window", 10), ("window_end", 20),
+                                       ("repin", 22), ("repinned", 23), ("window", 23), ("window_end", 33)], gpus=1)
+    assert phase_seconds(repin)["starting"] == 11 and phase_seconds(repin)["window"] == 20
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown event"):
+        timeline_from_events("q", [("start", 0), ("begin_window", 1)])
+    with pytest.raises(ValueError, match="unknown phase"):
+        Span("measuring", 0, 1)
+    with pytest.raises(ValueError, match="before it starts"):
+        Span("window", 2, 1)
+    with pytest.raises(ValueError, match="before it is held"):
+        LeaseTimeline("r", 5, 1)
+    assert lease_share(LeaseTimeline("empty", 3, 3, gpus=1)).window_share is None
