@@ -25,10 +25,19 @@ COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeout
            # CPU attribution, utilisation and fidelity, for the CSV (means over repeats)
            "timeout_rate", "prefix_hit_rate", "ideal_prefix_hit_rate", "server_ttft_s_mean", "server_frontend_s_mean",
            "replica_cpu_util_mean", "client_cpu_util_mean", "gpu0_util_mean", "request_throughput_rps",
-           "client_tokenize_ms_per_1k", "crosscheck_ttft_p50_ratio", "crosscheck_ttft_p90_ratio"]
+           "client_tokenize_ms_per_1k", "crosscheck_ttft_p50_ratio", "crosscheck_ttft_p90_ratio",
+           "crosscheck_comparable", "replica_cores_foreign_frac", "server_num_requests_running_mean",
+           "client_in_flight_mean", "goodput_rps", "startup_s"]
+# Attribution (orchestrator.node.attribution, .stacks): one column per process role and category, as recorded
+ATTRIBUTION_PREFIXES = ("cpu_s_per_req_", "ctx_invol_", "ctx_vol_", "runq_wait_s_")
 _MEDIANS = ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"]
 _SUMS = ["requests", "timeouts"]
 _MEANS = COLUMNS[COLUMNS.index("timeout_rate"):]
+
+
+def attribution_columns(df: pd.DataFrame) -> list[str]:
+    """The attribution metrics the trials of ``df`` have (per role, per stack category), sorted."""
+    return sorted(c for c in df.columns if c.startswith(ATTRIBUTION_PREFIXES))
 
 
 def results_frame(trials: Sequence[Any], results: Iterable[Any]) -> pd.DataFrame:
@@ -86,6 +95,7 @@ def aggregate(df: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> pd.DataFram
     if df.empty:
         return df.reindex(columns=[c for c in COLUMNS if c not in ("speedup_p50", "knee")])
     df = df.copy()
+    means = [*_MEANS, *attribution_columns(df)]
     for col in COLUMNS:
         if col not in df and col not in ("repeats", "trials", "p50_spread", "spread_flag", "speedup_p50", "knee"):
             df[col] = float("nan")
@@ -100,8 +110,8 @@ def aggregate(df: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> pd.DataFram
             row[c] = g[c].sum(min_count=1)
         for c in _MEDIANS:
             row[c] = ok[c].median()
-        for c in _MEANS:
-            row[c] = ok[c].mean()
+        for c in means:
+            row[c] = pd.to_numeric(ok[c], errors="coerce").mean()
         p50 = ok["ttft_p50_s"].dropna()
         row["p50_spread"] = (p50.max() - p50.min()) / p50.median() if len(p50) and p50.median() > 0 else float("nan")
         row["spread_flag"] = "!" if row["p50_spread"] > spread_warn else ""
@@ -117,8 +127,9 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10, spread_warn: float = S
     where most requests timed out (see the module docstring), are left out of both.
     """
     df = aggregate(df, spread_warn)
+    columns = [*COLUMNS, *attribution_columns(df)]
     if df.empty:
-        return df.reindex(columns=COLUMNS)
+        return df.reindex(columns=columns)
     df["speedup_p50"] = float("nan")
     df["knee"] = ""
     for _, idx in df.groupby(CONFIG, dropna=False).groups.items():
@@ -131,7 +142,7 @@ def comparison(df: pd.DataFrame, tolerance: float = 0.10, spread_warn: float = S
         best = ok["ttft_p50_s"].min()
         knee_cores = ok[ok["ttft_p50_s"] <= best * (1 + tolerance)]["cores"].min()
         df.loc[g.index, "knee"] = (g["cores"] == knee_cores).map({True: "<- knee", False: ""})
-    return df.sort_values([*CONFIG, "cores"]).reindex(columns=COLUMNS)
+    return df.sort_values([*CONFIG, "cores"]).reindex(columns=columns)
 
 
 def spread_warnings(table: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> list[str]:
@@ -204,5 +215,5 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["CONFIG", "GROUP", "TIMEOUT_MAJORITY", "aggregate", "calibration", "comparison", "costs", "payloads_frame",
+__all__ = ["ATTRIBUTION_PREFIXES", "CONFIG", "GROUP", "TIMEOUT_MAJORITY", "aggregate", "attribution_columns", "calibration", "comparison", "costs", "payloads_frame",
            "render", "results_frame", "runs_frame", "spread_warnings", "trial_row"]

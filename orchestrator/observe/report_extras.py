@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.observe.report import COLUMNS
+from orchestrator.observe.report import COLUMNS, attribution_columns
 from orchestrator.observe.report_tables import ReportOptions
 
 OPTIONAL = {"diagnosis": "diagnosis", "predict": "predicted knee", "cost": "knee costs"}
@@ -54,7 +54,7 @@ def missing_sections() -> list[str]:
 
 
 def _config_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.reindex(columns=COLUMNS).sort_values("cores").reset_index(drop=True)
+    return rows.reindex(columns=[*COLUMNS, *attribution_columns(rows)]).sort_values("cores").reset_index(drop=True)
 
 
 def _call(fn: Any, *args: Any, **optional: Any) -> Any:
@@ -90,7 +90,7 @@ def extras_for(rows: pd.DataFrame, opts: ReportOptions, table: pd.DataFrame | No
         attempt("predicted knee", lambda: found.update(_prediction(predict, config_rows, opts.tolerance)))
     cost = _safe_module("cost", notes)
     if cost is not None and opts.priced:
-        whole = table.reindex(columns=COLUMNS) if table is not None else None
+        whole = table.reindex(columns=[*COLUMNS, *attribution_columns(table)]) if table is not None else None
         attempt("knee costs", lambda: found.update(knee_costs=_call(
             cost.knee_costs, config_rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd,
             tolerance=opts.tolerance, table=whole)))

@@ -163,3 +163,24 @@ def test_outbox_payloads_and_mlflow_runs_give_the_same_rows():
     assert a.to_dict("records") == b.to_dict("records")
     row = a.iloc[0]
     assert (row["cores"], row["gpus"], row["repeat"], row["status"], row["ttft_p50_s"]) == (2, 0, 0, "COMPLETED", 0.2)
+
+
+def test_attribution_metrics_reach_the_comparison_and_the_diagnosis():
+    from orchestrator.observe.diagnosis import diagnose
+
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2, 4]}, "repeats": 2,
+    }))
+    tok = {1: 0.30, 2: 0.12, 4: 0.05}  # the API server's CPU per request grows as cores shrink
+    results = [TrialResult(t.trial_id, TrialStatus.COMPLETED, metrics={
+        "ttft_p50_s": 0.1 + tok[t.cores], "requests": 10, "timeouts": 0, "server_ttft_s_mean": 0.1 + tok[t.cores],
+        "server_frontend_s_mean": tok[t.cores], "cpu_s_per_req_api_server": tok[t.cores] + 0.01 * t.repeat,
+        "cpu_s_per_req_api_server.tokenization": tok[t.cores] * 0.8, "cpu_s_per_req_engine_core": 0.02})
+        for t in p.trials]
+    df = comparison(results_frame(p.trials, results)).set_index("cores")
+    assert math.isclose(df.loc[1, "cpu_s_per_req_api_server"], 0.305)  # the mean of the two repeats
+    assert math.isclose(df.loc[4, "cpu_s_per_req_api_server.tokenization"], 0.04)
+    d = diagnose(df.reset_index())
+    assert d.stage == "frontend" and "api_server" in d.sentence
