@@ -1,0 +1,112 @@
+"""Mechanism attribution on a real 1-core vLLM-CPU replica: roles found, stacks named, CPU that adds up.
+
+One replica start for the module; each window is a few seconds of the product's agentic client.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.node.attribution import ROLES, RoleAccounting
+from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.node.restrict import tree_pids
+from orchestrator.node.stack_categories import CATEGORIES
+from orchestrator.node.stacks import StackSampler, coverage, find_py_spy
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.plan.models import build_shape
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from workloads import run_workload_sync
+from workloads.spec import AgenticWorkload, TokenRange
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NODE = sorted(os.sched_getaffinity(0))
+CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
+BURST = AgenticWorkload(name="burst", sessions=4, concurrency=4, turns=3, system_prompt_tokens=512,
+                        task_tokens=TokenRange(min=32, max=64), tool_output_tokens=TokenRange(min=100, max=300),
+                        output_tokens=TokenRange(min=8, max=16), max_context_tokens=1800, max_duration_s=5,
+                        drain_s=10, request_timeout_s=60, client_tokenize="off")
+
+
+def trial() -> TrialSpec:
+    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
+                     restriction="affinity", start="fresh", vllm=VllmVariant(name="v"),
+                     workload=BURST, server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
+                     client=ClientSpec(), repeat=0)
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmReplica, str]]:
+    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
+    model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
+    r = VllmReplica(trial(), str(model_dir), CORE, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
+                    scratch_dir=scratch)
+    with r:
+        r.start()
+        r.wait_healthy(600)
+        yield r, str(model_dir / "tokenizer.json")
+
+
+def cmdlines(root: int) -> dict[int, str]:
+    out = {}
+    for pid in tree_pids(root):
+        try:
+            out[pid] = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is a dependency of the package; not installed here")
+def test_roles_and_stacks_add_up_on_a_real_replica(replica: tuple[VllmReplica, str]) -> None:
+    r, tokenizer = replica
+    root = r.pid
+    assert root is not None
+    accounting = RoleAccounting(root, lambda: tree_pids(root)).start()
+    sampler = StackSampler(root, rate_hz=49, cmdlines=lambda: cmdlines(root)).start()
+    run = run_workload_sync(BURST, base_url=r.base_url, model="tiny", tokenizer_path=tokenizer)
+    window = accounting.stop()
+    stacks = sampler.stop(window)
+    ok = sum(1 for rec in run.records if rec.status == "ok")
+    assert ok > 0, [rec.error for rec in run.records][:3]
+
+    roles = window.metrics(requests=ok)
+    assert roles["api_server_processes"] >= 1 and roles["engine_core_processes"] == 1
+    assert roles["cpu_s_api_server"] > 0 and roles["cpu_s_engine_core"] > 0
+    assert roles["cpu_s_per_req_api_server"] == pytest.approx(roles["cpu_s_api_server"] / ok)
+    print({k: round(v, 3) for k, v in roles.items() if k.startswith(("cpu_s_", "runq_", "ctx_")) or "process" in k})
+
+    assert stacks.status == "ok" and stacks.basis == "thread_cpu", stacks.status
+    m = stacks.metrics(requests=ok)
+    cats = {k: v for k, v in m.items() if k.startswith("stacks_cpu_s_") and "." in k}
+    print({k: round(v, 3) for k, v in cats.items()}, coverage(m, roles))
+    assert cats and all(k.split(".", 1)[1] in CATEGORIES for k in cats)
+    for role in ("api_server", "engine_core"):
+        assert any(k.startswith(f"stacks_cpu_s_{role}.") and v > 0 for k, v in cats.items()), role
+    assert any(k.startswith("cpu_s_per_req_") and "." in k for k in m)
+    # The categories' CPU-seconds add up to the processes' measured CPU time, within 10%.
+    measured = sum(roles[f"cpu_s_{role}"] for role in ROLES)
+    named = sum(cats.values())
+    assert measured > 0 and abs(named - measured) <= 0.10 * measured, (named, measured)
+    files = stacks.files()
+    assert "stacks-api_server.collapsed" in files and all(b.strip() for b in files.values())
+
+
+def test_stacks_degrade_to_a_status_when_py_spy_cannot_attach(tmp_path: Path) -> None:
+    bogus = StackSampler(os.getpid(), py_spy=str(tmp_path / "bin" / "py-spy")).start().stop()
+    assert bogus.status.startswith("py-spy not found") and bogus.metrics() == {} and bogus.files() == {}
+    if find_py_spy() is None:
+        return
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    w = StackSampler(gone.pid, rate_hz=49).start()
+    result = w.stop()
+    assert result.status.startswith("no stacks") and result.metrics() == {}, result.status
+    print(result.params())
