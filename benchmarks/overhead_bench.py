@@ -13,7 +13,12 @@ the ``tiny-llama`` shape restricted (affinity) to one core, with ``VLLM_SERVER_D
 - ``tokenize-inflight`` / ``tokenize-after``: client-side tokenization, no sampler;
 - ``defaults``: what a trial runs (``orchestrator.node.actors``): ``TelemetrySampler(replica_cpus, client_cpus,
   metrics_url)`` with its defaults (hz=10, metrics_hz=1, NVML where present), the before/after
-  ``/metrics`` scrapes, and ``client_tokenize="after"``.
+  ``/metrics`` scrapes, and ``client_tokenize="after"``;
+- ``roles``: only the per-role CPU accounting (``orchestrator.node.attribution.RoleAccounting``: the
+  replica's tree read at the window's start and end);
+- ``stacks-49hz`` / ``stacks-99hz``: the role accounting and py-spy sampling every thread of the
+  replica (``orchestrator.node.stacks.StackSampler``, ``--nonblocking``), what ``telemetry.stacks``
+  turns on. py-spy runs as a child of this process, so on the client's core.
 
 Every window starts from ``POST /reset_prefix_cache``, after one unmeasured warm-up window. The
 configurations are interleaved over repeats (all of them, then all again), never one's repeats in a
@@ -40,10 +45,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.node.attribution import RoleAccounting  # noqa: E402
+from orchestrator.node.restrict import tree_pids  # noqa: E402
+from orchestrator.node.stacks import StackSampler, coverage, find_py_spy  # noqa: E402
 from orchestrator.plan.models import build_shape  # noqa: E402
 from orchestrator.plan.expand import TrialSpec  # noqa: E402
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, vllm_version  # noqa: E402
@@ -59,6 +67,53 @@ class BenchError(RuntimeError):
     """A failure the benchmark reports in one clear line (dead server, no prefix-cache reset, ...)."""
 
 
+class Probe(Protocol):
+    """Something a trial starts at the window's start and stops at its end (on the replica's process tree)."""
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> dict[str, Any]: ...
+
+
+class RolesProbe:
+    """The per-role CPU accounting alone."""
+
+    def __init__(self, root: int) -> None:
+        self.acc = RoleAccounting(root, lambda: tree_pids(root))
+
+    def start(self) -> "RolesProbe":
+        self.acc.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        m = self.acc.stop().metrics()
+        return {"probe": f"engine_core {m['cpu_s_engine_core']:.2f} s, api_server {m['cpu_s_api_server']:.2f} s"}
+
+
+class StacksProbe:
+    """The role accounting and the stack sampler, as a trial with ``telemetry.stacks`` on runs them."""
+
+    def __init__(self, root: int, rate_hz: float) -> None:
+        self.acc = RoleAccounting(root, lambda: tree_pids(root))
+        self.sampler = StackSampler(root, rate_hz=rate_hz)
+
+    def start(self) -> "StacksProbe":
+        self.acc.start()
+        self.sampler.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        window = self.acc.stop()
+        stacks = self.sampler.stop(window)
+        m = stacks.metrics()
+        cov = coverage(m, window.metrics())
+        seen = sum(v for k, v in m.items() if k.startswith("stacks_cpu_s_") and "." not in k)
+        total = sum(u.cpu_s for u in window.roles.values())
+        return {"probe": f"{stacks.status}, {stacks.samples} samples, {seen / total if total else 0:.0%} of CPU named"
+                         + "".join(f", {k[len('stacks_coverage_'):]} {v:.0%}" for k, v in sorted(cov.items())),
+                "probe_failed": stacks.status != "ok"}
+
+
 @dataclass(frozen=True)
 class Config:
     name: str
@@ -66,14 +121,15 @@ class Config:
     sampler: Callable[[str, list[int], list[int]], TelemetrySampler] | None = None
     scrape_around: bool = False  # the before/after /metrics scrapes of a trial
     note: str = ""
+    probe: Callable[[int], Probe] | None = None  # on the replica's root pid; needs a replica this bench started
 
 
 def _no_cpu() -> list[float]:
     return []
 
 
-def configs(has_gpu: bool) -> tuple[list[Config], list[str]]:
-    """The configurations to run, and notes on those skipped."""
+def configs(has_gpu: bool, has_tree: bool = True) -> tuple[list[Config], list[str]]:
+    """The configurations to run, and notes on those skipped (``has_tree``: the replica's pids are known)."""
     out = [
         Config("baseline", "off"),
         Config("metrics-1hz", "off", lambda url, rc, cc: TelemetrySampler(
@@ -96,6 +152,15 @@ def configs(has_gpu: bool) -> tuple[list[Config], list[str]]:
             replica_cpus=rc, client_cpus=cc, metrics_url=url), scrape_around=True,
             note="hz=10, metrics_hz=1, NVML if present, tokenize after"),
     ]
+    if not has_tree:
+        notes.append("roles and stacks skipped: they need the replica's process tree (no --base-url)")
+        return out, notes
+    out.append(Config("roles", "off", probe=RolesProbe, note="per-role CPU accounting, start and end"))
+    if find_py_spy() is None:
+        notes.append("stacks skipped: py-spy is not installed")
+        return out, notes
+    out += [Config("stacks-49hz", "off", probe=lambda root: StacksProbe(root, 49.0), note="roles + py-spy 49 Hz"),
+            Config("stacks-99hz", "off", probe=lambda root: StacksProbe(root, 99.0), note="roles + py-spy 99 Hz")]
     return out, notes
 
 
@@ -132,18 +197,29 @@ def pin_self(cpus: frozenset[int]) -> None:
 
 def one_window(cfg: Config, spec: AgenticWorkload, *, base_url: str, model: str, tokenizer: str,
                replica_cpus: list[int], client_cpus: list[int], alive: Callable[[], bool],
-               log_hint: Callable[[], str]) -> dict[str, Any]:
+               log_hint: Callable[[], str], root: int | None = None) -> dict[str, Any]:
     reset_prefix_cache(base_url, log_hint())
     w = spec.model_copy(update={"client_tokenize": cfg.client_tokenize})
     sampler = cfg.sampler(base_url, replica_cpus, client_cpus) if cfg.sampler else None
+    probe = cfg.probe(root) if cfg.probe is not None and root is not None else None
     if cfg.scrape_around:
         scrape(base_url)
     if sampler is not None:
         sampler.start()
+    probe_s = 0.0
+    if probe is not None:
+        t = time.perf_counter()
+        probe.start()
+        probe_s += time.perf_counter() - t
+    probed: dict[str, Any] = {}
     try:
         run = run_workload_sync(w, base_url=base_url, model=model, tokenizer_path=tokenizer)
     finally:
         rows = sampler.stop() if sampler is not None else []
+        if probe is not None:
+            t = time.perf_counter()
+            probed = probe.stop()
+            probe_s += time.perf_counter() - t
     if cfg.scrape_around:
         scrape(base_url)
     ttft = metrics.ttft_s(run.records)
@@ -157,7 +233,8 @@ def one_window(cfg: Config, spec: AgenticWorkload, *, base_url: str, model: str,
     return {"config": cfg.name, "n": len(ttft), "failed": len(bad), "p50": metrics.percentile(ttft, 50),
             "p90": metrics.percentile(ttft, 90), "samples": len(rows),
             "sampler_errors": sum(sampler.errors.values()) if sampler is not None else 0,
-            "client_cpu_s": run.client_cpu_s, "wall_s": run.wall_s, "warnings": list(run.warnings)}
+            "client_cpu_s": run.client_cpu_s, "wall_s": run.wall_s, "warnings": list(run.warnings),
+            "probe_ms": probe_s * 1e3, "probe": probed.get("probe", ""), "probe_failed": probed.get("probe_failed", False)}
 
 
 def spread(xs: list[float]) -> float:
@@ -190,6 +267,8 @@ def summarize(cfgs: list[Config], windows: list[dict[str, Any]]) -> list[dict[st
             "samples_per_window": statistics.median(w["samples"] for w in ws),
             "sampler_errors": sum(w["sampler_errors"] for w in ws),
             "client_cpu_pct": statistics.median(w["client_cpu_s"] / w["wall_s"] for w in ws) * 100,
+            "probe_ms": statistics.median(w["probe_ms"] for w in ws),
+            "probe_failed": sum(1 for w in ws if w["probe_failed"]),
             "p50_ms_each": ";".join(f"{x * 1e3:.2f}" for x in p50s),
             "note": cfg.note,
         })
@@ -198,14 +277,14 @@ def summarize(cfgs: list[Config], windows: list[dict[str, Any]]) -> list[dict[st
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (f"{'configuration':<18}{'n':>3}{'req/w':>7}{'p50 ms':>9}{'spread':>8}{'p90 ms':>9}{'spread':>8}"
-            f"{'Δp50 %':>9}{'base spr':>9}{'samples':>8}{'cli cpu':>8}")
+            f"{'Δp50 %':>9}{'base spr':>9}{'samples':>8}{'cli cpu':>8}{'probe ms':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['config']:<18}{r['repeats']:>3}{r['requests_per_window']:>7.0f}{r['ttft_p50_ms']:>9.2f}"
               f"{r['ttft_p50_spread_pct']:>7.1f}%{r['ttft_p90_ms']:>9.2f}{r['ttft_p90_spread_pct']:>7.1f}%"
               f"{r['delta_p50_pct']:>+8.1f}%{r['baseline_p50_spread_pct']:>8.1f}%{r['samples_per_window']:>8.0f}"
-              f"{r['client_cpu_pct']:>7.0f}%")
+              f"{r['client_cpu_pct']:>7.0f}%{r['probe_ms']:>9.1f}")
 
 
 def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
@@ -262,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     has_gpu = (reader := open_gpu_reader()) is not None
     if reader is not None:
         reader.close()
-    cfgs, notes = configs(has_gpu)
+    cfgs, notes = configs(has_gpu, has_tree=not a.base_url)
     if a.configs:
         wanted = {"baseline", *(c.strip() for c in a.configs.split(","))}
         unknown = wanted - {c.name for c in cfgs} - {"nvml-10hz"}
@@ -318,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in notes:
             print(f"note: {n}", flush=True)
         kw = dict(base_url=base_url, model=a.model, tokenizer=tokenizer, replica_cpus=[replica_core],
-                  client_cpus=[client_core], alive=alive, log_hint=hint)
+                  client_cpus=[client_core], alive=alive, log_hint=hint,
+                  root=replica.pid if replica is not None else None)
         t0 = time.monotonic()
         warm = one_window(cfgs[0], spec, **kw)  # type: ignore[arg-type]
         print(f"warm-up: {warm['n']} requests, TTFT p50 {warm['p50'] * 1e3:.1f} ms", flush=True)
@@ -329,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 windows.append(w)
                 print(f"[{time.monotonic() - t0:6.0f} s] repeat {rep_i} {cfg.name:<18} n={w['n']:<4} "
                       f"p50 {w['p50'] * 1e3:7.2f} ms  p90 {w['p90'] * 1e3:7.2f} ms  samples {w['samples']}"
+                      + (f"  probe {w['probe_ms']:.0f} ms: {w['probe']}" if w["probe"] else "")
                       + (f"  warnings: {'; '.join(w['warnings'])}" if w["warnings"] else ""), flush=True)
     except (BenchError, ReplicaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
