@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from orchestrator.node.attribution import ProcDesc, RoleWindow, classify
 from orchestrator.node.stack_categories import (RoleCategories, Stack, apportion, by_role, category_metrics,
                                                 normalize_labels, parse_collapsed, render_collapsed)
@@ -48,6 +50,13 @@ def find_py_spy() -> str | None:
     """The py-spy beside this interpreter (a virtual environment's bin), else the one on PATH."""
     here = Path(sys.executable).with_name("py-spy")
     return str(here) if here.is_file() and os.access(here, os.X_OK) else shutil.which("py-spy")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def py_spy_command(py_spy: str, pid: int, rate_hz: float, out: str, native: bool = False,
@@ -143,6 +152,9 @@ class StackSampler:
     _known: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> "StackSampler":
+        if not _alive(self.root):
+            self._status = f"the replica's process {self.root} is gone"
+            return self
         exe = self.py_spy or find_py_spy()
         if not exe or not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
             self._status = f"py-spy not found ({exe or 'not installed'})"
@@ -195,7 +207,8 @@ class StackSampler:
             status = "ok" if not exited_early else "partial: py-spy ended before the window did"
         else:
             tail = " ".join(line.strip() for line in err.strip().splitlines()[-3:] if "py-spy>" not in line[:8])
-            status = f"no stacks (py-spy exit {rc}): {tail[-300:] or 'no output'}"
+            why = tail[-300:] or ("stopped before it wrote anything" if not exited_early else "no output")
+            status = f"no stacks (py-spy exit {rc}): {why}"
         pid_roles = roles_from_labels(stacks, self.root)
         if accounting is None:
             return StackWindow(status, self.rate_hz, stacks, pid_roles, self.gpu, samples, errors)

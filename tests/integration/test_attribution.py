@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,7 +107,13 @@ def test_stacks_degrade_to_a_status_when_py_spy_cannot_attach(tmp_path: Path) ->
         return
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    w = StackSampler(gone.pid, rate_hz=49).start()
-    result = w.stop()
-    assert result.status.startswith("no stacks") and result.metrics() == {}, result.status
-    print(result.params())
+    result = StackSampler(gone.pid, rate_hz=49).start().stop()
+    assert result.status == f"the replica's process {gone.pid} is gone" and result.metrics() == {}, result.status
+    # A process that ends while py-spy attaches: py-spy gives up, and that too is a status.
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    sampler = StackSampler(dying.pid, rate_hz=49).start()
+    dying.wait()
+    time.sleep(1.0)
+    late = sampler.stop()
+    assert late.status != "running" and not late.status.startswith("ok"), late.status
+    print(result.params(), late.params())
