@@ -32,7 +32,7 @@ from orchestrator.control.lifeline import Lifeline
 from orchestrator.control.net import free_port, http_ok, port_is_free
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
-from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, startup_record
+from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
 from orchestrator.control.results import ErrorKind
 
 # gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
@@ -293,13 +293,8 @@ class VllmReplica:
         for metrics, strings for params. After ``wait_healthy``; before it, the phases logged so far."""
         if self.launched_wall is None:
             raise RuntimeError("start() first")
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_offset)
-                text = f.read().decode(errors="replace")
-        except OSError:
-            text = ""
-        log = parse_startup(text, datetime.fromtimestamp(self.launched_wall), self.healthy_after_s)
+        log = parse_startup(read_log(self.log_path, self._log_offset), datetime.fromtimestamp(self.launched_wall),
+                            self.healthy_after_s)
         return startup_record(log, cache_before=self._cache_before, model_first_start=self._model_first_start,
                               load_format=self.trial.server.load_format)
 

@@ -29,8 +29,8 @@ the log names none, was under ``$VLLM_CACHE_ROOT/torch_compile_cache`` before th
 or ``none``), ``model_page_cache`` (presumed: cold at the model folder's first start on this node
 since boot) and ``startup_weights`` (``dummy`` or ``real``).
 
-``parse_startup`` and ``startup_record`` are pure; ``compile_cache_entries`` and ``first_start``
-look at the disk.
+``parse_startup`` and ``startup_record`` are pure; ``compile_cache_entries``, ``first_start`` and
+``read_log`` look at the disk.
 """
 
 from __future__ import annotations
@@ -280,6 +280,16 @@ def compile_cache_entries(cache_root: str | Path) -> frozenset[str]:
     return frozenset(out)
 
 
+def read_log(path: str | Path, offset: int = 0) -> str:
+    """The log from byte ``offset`` on (where one start's part begins); empty if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -303,4 +313,4 @@ def first_start(model_dir: str | Path, marker_root: str | Path | None = None) ->
 
 
 __all__ = ["PHASES", "StartupLog", "compile_cache_entries", "compile_cache_state", "first_start", "last_start",
-           "parse_startup", "startup_record", "timed_lines"]
+           "parse_startup", "read_log", "startup_record", "timed_lines"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node.startup import (compile_cache_entries, compile_cache_state, first_start, last_start,
-                                       parse_startup, startup_record)
+                                       parse_startup, read_log, startup_record)
 
 DATA = Path(__file__).parent / "data"
 CPU_COLD = (DATA / "vllm-cpu-startup.log").read_text()
@@ -142,3 +142,10 @@ def test_cache_probe_and_first_start(tmp_path: Path) -> None:
     assert first_start(tmp_path / "model", tmp_path / "marks") is True
     assert first_start(tmp_path / "model", tmp_path / "marks") is False
     assert first_start(tmp_path / "other", tmp_path / "marks") is True
+    log = tmp_path / "vllm.log"
+    log.write_text(CPU_COLD)
+    offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write(CPU_WARM)
+    assert parse_startup(read_log(log, offset)) == parse_startup(CPU_WARM)
+    assert read_log(tmp_path / "no-such.log") == ""
