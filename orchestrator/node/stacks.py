@@ -40,6 +40,7 @@ from pathlib import Path
 import psutil
 
 from orchestrator.node.attribution import ProcDesc, RoleWindow, classify
+from orchestrator.node.restrict import tree_pids
 from orchestrator.node.stack_categories import (RoleCategories, Stack, apportion, by_role, category_metrics,
                                                 normalize_labels, parse_collapsed, render_collapsed)
 
@@ -57,6 +58,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def tree_cmdlines(root: int) -> dict[int, str]:
+    """pid -> command line (argv joined by spaces) of the tree under ``root``, as py-spy prints it in its labels."""
+    out = {}
+    for pid in tree_pids(root):
+        try:
+            out[pid] = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+    return out
 
 
 def py_spy_command(py_spy: str, pid: int, rate_hz: float, out: str, native: bool = False,
@@ -143,7 +155,7 @@ class StackSampler:
     native: bool = False
     gpu: bool = False
     py_spy: str | None = None  # default: :func:`find_py_spy`
-    cmdlines: Callable[[], Mapping[int, str]] = lambda: {}  # pid -> argv joined, to tidy py-spy's labels
+    cmdlines: Callable[[int], Mapping[int, str]] | None = None  # root -> {pid: argv joined}; default: tree_cmdlines
     stop_timeout_s: float = 15.0
     max_s: float = 3600.0
     _proc: subprocess.Popen[bytes] | None = None
@@ -161,7 +173,7 @@ class StackSampler:
             return self
         self._dir = Path(tempfile.mkdtemp(prefix="stacks-"))
         try:
-            self._known = dict(self.cmdlines())
+            self._known = dict((self.cmdlines or tree_cmdlines)(self.root))
             err = open(self._dir / "stderr", "wb")
             with err:
                 self._proc = subprocess.Popen(
@@ -217,4 +229,5 @@ class StackSampler:
                            dict(accounting.thread_cpu_s), dict(accounting.process_cpu_s))
 
 
-__all__ = ["StackSampler", "StackWindow", "coverage", "find_py_spy", "py_spy_command", "roles_from_labels"]
+__all__ = ["StackSampler", "StackWindow", "coverage", "find_py_spy", "py_spy_command", "roles_from_labels",
+           "tree_cmdlines"]

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from orchestrator.node.attribution import ROLES, RoleAccounting
@@ -55,23 +54,13 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmRepl
         yield r, str(model_dir / "tokenizer.json")
 
 
-def cmdlines(root: int) -> dict[int, str]:
-    out = {}
-    for pid in tree_pids(root):
-        try:
-            out[pid] = " ".join(psutil.Process(pid).cmdline())
-        except psutil.Error:
-            continue
-    return out
-
-
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is a dependency of the package; not installed here")
 def test_roles_and_stacks_add_up_on_a_real_replica(replica: tuple[VllmReplica, str]) -> None:
     r, tokenizer = replica
     root = r.pid
     assert root is not None
     accounting = RoleAccounting(root, lambda: tree_pids(root)).start()
-    sampler = StackSampler(root, rate_hz=49, cmdlines=lambda: cmdlines(root)).start()
+    sampler = StackSampler(root, rate_hz=49).start()
     run = run_workload_sync(BURST, base_url=r.base_url, model="tiny", tokenizer_path=tokenizer)
     window = accounting.stop()
     stacks = sampler.stop(window)

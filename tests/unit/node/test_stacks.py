@@ -57,7 +57,7 @@ def test_stacks_are_read_on_sigint_and_shared_out_by_the_accounting(tmp_path: Pa
         open(out + ".ready", "w").close()
         time.sleep(60)
     """)
-    s = StackSampler(10, rate_hz=50, py_spy=exe, cmdlines=lambda: {10: "/venv/bin/python -c import x\nserve = 1"})
+    s = StackSampler(10, rate_hz=50, py_spy=exe, cmdlines=lambda root: {10: "/venv/bin/python -c import x\nserve = 1"})
     s.start()
     ready = Path(s._dir or "", "raw.txt.ready")
     deadline = time.monotonic() + 30
