@@ -25,7 +25,7 @@ ignored and a phase whose messages are missing is absent, never 0.
 
 The cache states: ``compile_cache`` (warm when the compile-cache entry vLLM used, or any entry where
 the log names none, was under ``$VLLM_CACHE_ROOT/torch_compile_cache`` before the start),
-``compile_cache_load`` (what vLLM said it did: ``loaded``, ``compiled``, ``load-failed``, ``disabled``
+``compile_cache_load`` (what vLLM said it did: ``loaded``, ``partly-loaded``, ``compiled``, ``load-failed``, ``disabled``
 or ``none``), ``model_page_cache`` (presumed: cold at the model folder's first start on this node
 since boot) and ``startup_weights`` (``dummy`` or ``real``).
 
@@ -97,7 +97,7 @@ class StartupLog:
 
     phases: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
-    compile_load: str = "none"  # loaded | compiled | load-failed | disabled | none
+    compile_load: str = "none"  # loaded | partly-loaded | compiled | load-failed | disabled | none
     compile_entries: tuple[str, ...] = ()  # the torch_compile_cache entries the log names
     ready_after_s: float | None = None  # launch to healthy, as the replica measured it
 
