@@ -25,8 +25,8 @@ ignored and a phase whose messages are missing is absent, never 0.
 
 The cache states: ``compile_cache`` (warm when the compile-cache entry vLLM used, or any entry where
 the log names none, was under ``$VLLM_CACHE_ROOT/torch_compile_cache`` before the start),
-``compile_cache_load`` (what vLLM said it did: ``loaded``, ``partly-loaded``, ``compiled``, ``load-failed``, ``disabled``
-or ``none``), ``model_page_cache`` (presumed: cold at the model folder's first start on this node
+``compile_cache_load`` (what vLLM said it did: ``loaded``, ``partly-loaded``, ``compiled``,
+``load-failed``, ``disabled`` or ``none``), ``model_page_cache`` (presumed: cold at the model folder's first start on this node
 since boot) and ``startup_weights`` (``dummy`` or ``real``).
 
 ``parse_startup`` and ``startup_record`` are pure; ``compile_cache_entries``, ``first_start`` and
@@ -75,8 +75,10 @@ MARKERS = {  # first occurrence of each
 }
 COMPILE_END = re.compile(r"saved AOT compiled function|Directly load AOT compilation|"
                          r"Compiling a graph for .* takes|Directly load the compiled graph")
-CACHE_LOADED = re.compile(r"Directly load AOT compilation from path|Directly load the compiled graph\(s\) for .* from the cache")
-CACHE_COMPILED = re.compile(r"saved AOT compiled function to|Cache the graph of .* for later use|Compiling a graph for .* takes")
+CACHE_LOADED = re.compile(r"Directly load AOT compilation from path|"
+                          r"Directly load the compiled graph\(s\) for .* from the cache")
+CACHE_COMPILED = re.compile(r"saved AOT compiled function to|Cache the graph of .* for later use|"
+                            r"Compiling a graph for .* takes")
 CACHE_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure")
 CACHE_DISABLED = re.compile(r"torch\.compile cache is disabled")
 CACHE_ENTRY = re.compile(r"torch_compile_cache/((?:torch_aot_compile/)?[0-9a-f]{6,})")
