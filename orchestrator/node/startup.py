@@ -26,8 +26,8 @@ ignored and a phase whose messages are missing is absent, never 0.
 The cache states: ``compile_cache`` (warm when the compile-cache entry vLLM used, or any entry where
 the log names none, was under ``$VLLM_CACHE_ROOT/torch_compile_cache`` before the start),
 ``compile_cache_load`` (what vLLM said it did: ``loaded``, ``partly-loaded``, ``compiled``,
-``load-failed``, ``disabled`` or ``none``), ``model_page_cache`` (presumed: cold at the model folder's first start on this node
-since boot) and ``startup_weights`` (``dummy`` or ``real``).
+``load-failed``, ``disabled`` or ``none``), ``model_page_cache`` (presumed: cold at the model folder's
+first start on this node since boot) and ``startup_weights`` (``dummy`` or ``real``).
 
 ``parse_startup`` and ``startup_record`` are pure; ``compile_cache_entries``, ``first_start`` and
 ``read_log`` look at the disk.
@@ -239,8 +239,8 @@ def compile_cache_state(before: frozenset[str], used: tuple[str, ...]) -> str:
     return "warm" if before else "cold"
 
 
-def startup_record(log: StartupLog, *, cache_before: frozenset[str] | None = None, model_first_start: bool | None = None,
-                   load_format: str | None = None) -> dict[str, float | str]:
+def startup_record(log: StartupLog, *, cache_before: frozenset[str] | None = None,
+                   model_first_start: bool | None = None, load_format: str | None = None) -> dict[str, float | str]:
     """One start as flat figures: floats for metrics (``startup_s``, ``startup_<phase>_s``,
     ``startup_other_s`` = the total less the phases found), strings for params (cache states, sources)."""
     out: dict[str, float | str] = {}
