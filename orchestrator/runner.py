@@ -84,6 +84,26 @@ def write_sweep_report(spec: SweepSpec, home: Path, uri: str | None) -> str:
     return f"report written to {done.files.index}{logged}"
 
 
+def _time_use(timelines: list, sweep: str, uri: str) -> list[str]:
+    """This run's share of replica-held time inside windows: logged to the sweep's run, and as lines to print."""
+    from orchestrator.observe.windows import describe_time_use, share_metrics, unit_shares
+
+    if not timelines:
+        return []
+    figures = share_metrics(unit_shares(timelines))
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from orchestrator.observe.tracking import log_sweep_metrics, mlflow_server_ok, parent_run
+
+        parent = parent_run(MlflowClient(uri), sweep) if mlflow_server_ok(uri) else None
+        if parent is not None:
+            log_sweep_metrics(MlflowClient(uri), parent.info.run_id, figures)
+    except Exception as exc:  # noqa: BLE001 (a figure about the run must not fail it)
+        return [*describe_time_use(figures), f"warning: the time-use figures were not logged: {exc}"]
+    return describe_time_use(figures)
+
+
 def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
     """Run every trial; return 0 if all trials completed (or were already done), 1 if one failed,
     2 if the sweep's inputs are wrong (``orchestrator.plan.preflight``: then nothing was started)."""
@@ -132,6 +152,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
         finally:
             executor.close()
         states = {tid: t.state for tid, t in controller.trials.items()}
+        time_use = _time_use(executor.timelines, spec.name, ml.uri)
         frame = _tracked_frame(ml.uri, plan)
         report_line = write_sweep_report(spec, home, ml.uri)  # while MLflow still runs, to log the report to it
     if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
@@ -141,6 +162,8 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
     console.print(f"table written to {csv}")
+    for line in time_use:
+        console.print(line, soft_wrap=True)
     console.print(report_line, soft_wrap=True)
     if ml.proc is not None:
         console.print(f"MLflow UI: {ui_command(home)}")

@@ -47,6 +47,7 @@ from orchestrator.node.actors import BareRun, CoreGrant, NodeError, ReplicaActor
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
 from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
 from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.observe.windows import timeline_from_events
 from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
                                           sessions_of, summarize_trial)
 
@@ -101,6 +102,14 @@ class _Lease:
     alloc: CoreGrant | None = None  # the cores a shared start keeps for its windows
     up: ReplicaUp | None = None  # what the start returned (URL, tokenizer, params)
     windows: int = 0  # windows measured on this start so far
+    gpus: int = 0
+    cores: int = 0
+    held_from: float = 0.0  # when the placement group was ready (time.monotonic())
+    events: list[tuple[str, float]] = field(default_factory=list)  # orchestrator.observe.windows events
+    timelines: list[Any] | None = None  # the executor's list this lease's timeline goes to when it closes
+
+    def mark(self, event: str) -> None:
+        self.events.append((event, time.monotonic()))
 
     def release_cores(self) -> None:
         for owner in self.owners:
@@ -112,6 +121,7 @@ class _Lease:
         if self.closed:
             return
         self.closed = True
+        self.mark("stop")
         try:
             files = ray.get(self.replica.stop.remote(), timeout=180)
             if tdir is not None:
@@ -120,6 +130,10 @@ class _Lease:
             if tdir is not None:
                 (tdir / "collect-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
         ray.kill(self.replica)
+        self.mark("stopped")
+        if self.timelines is not None:
+            self.timelines.append(timeline_from_events(self.owner, self.events, gpus=self.gpus, cores=self.cores,
+                                                       node=self.node, held_from=self.held_from))
         self.release_cores()
         remove_placement_group(self.pg)
         if self.book is not None:
@@ -154,6 +168,7 @@ class RayTrialExecutor:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._traces: dict[str, tuple[str, Any]] = {}
+        self.timelines: list[Any] = []  # one orchestrator.observe.windows.LeaseTimeline per closed lease
 
     # ------------------------------------------------------------------ public
     def lane(self) -> "_Lane":
@@ -236,7 +251,8 @@ class RayTrialExecutor:
             scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
         ).remote(trial.model_dump_json(), node_dir)
         lease = _Lease(key, pg, strategy, replica, None, {}, book=self.book, node=node, owner=owner,
-                       start_key=start_key(trial))
+                       start_key=start_key(trial), gpus=trial.gpus, cores=cores, held_from=t0 + waited + pg_ready,
+                       timelines=self.timelines)
         try:
             lease.facts = ray.get(replica.node_facts.remote())
             lease.agent = core_agent(lease.facts["node_id"])
@@ -263,9 +279,12 @@ class RayTrialExecutor:
         """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
         fresh = not lease.started
         lease.windows = 0
+        lease.mark("start" if fresh else "repin")
         up = ray.get((lease.replica.start if fresh else lease.replica.repin).remote(cores))
         if isinstance(up, NodeError):
+            lease.mark("start_failed")
             raise TrialFailure(ErrorKind(up.kind), up.message)
+        lease.mark("ready" if fresh else "repinned")
         lease.started = True
         return up
 
@@ -303,8 +322,10 @@ class RayTrialExecutor:
             if proto.warmup_s > 0 and not shared:  # unmeasured: same load shape, other seed; reset below
                 warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
                                                          "client_tokenize": "off"})
+                lease.mark("warmup")
                 ray.get(workload.run.remote(warm.model_dump_json(), up.base_url, trial.model.name,
                                             up.tokenizer_path, trace))
+                lease.mark("warmup_end")
             params["warmup_s"] = proto.warmup_s
 
             bare_load: dict[str, float] = {}  # other work on the replica's cores during the bare run
@@ -314,10 +335,12 @@ class RayTrialExecutor:
                 if not ray.get(lease.replica.reset_prefix_cache.remote()):
                     return NodeError("internal", "the prefix cache could not be reset before the bare run")
                 ray.get(lease.replica.begin_side_accounting.remote())
+                lease.mark("crosscheck")
                 try:
                     return ray.get(workload.bare.remote(spec_json, up.base_url, trial.model.name,
                                                         up.tokenizer_path, _bare_timeout(trial), trace))
                 finally:
+                    lease.mark("crosscheck_end")
                     bare_load.update(ray.get(lease.replica.end_side_accounting.remote()))
 
             # Odd repeats run the bare client first, so an order effect between the two runs
@@ -329,7 +352,9 @@ class RayTrialExecutor:
             if bare_first:
                 bare = cross_check()
             params.update(ray.get(lease.replica.begin_window.remote(alloc.client, gpu_ids)))
+            lease.mark("window")
             run = ray.get(workload.run.remote(spec_json, up.base_url, trial.model.name, up.tokenizer_path, trace))
+            lease.mark("window_end")
             window = ray.get(lease.replica.end_window.remote())
             checks["client_end"] = ray.get(workload.verify.remote())
             if xcheck and not bare_first and window["alive"]:
@@ -351,6 +376,8 @@ class RayTrialExecutor:
             params["replay_fidelity"] = fidelity.diagnosis
         if up.repin_s is not None:
             metrics["repin_s"] = up.repin_s
+        if lease.windows == 1 and not params.get("repinned"):  # the start this window followed
+            metrics.update(up.startup)
         if isinstance(bare, NodeError):
             warnings.append(f"cross-check failed: {bare.message}")
         elif bare is not None:

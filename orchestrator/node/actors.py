@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class ReplicaUp:
     params: dict[str, Any]
     model_dir: str = ""
     repin_s: float | None = None
+    startup: dict[str, float] = field(default_factory=dict)  # start-up phases (orchestrator.node.startup)
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,12 @@ class ReplicaActor:
         except ReplicaError as exc:
             return NodeError(exc.kind.value, str(exc))
 
+        phases = self.replica.startup()  # figures are metrics, cache states and sources are params
         return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
-                         params={**self.replica.params(), "repinned": False}, model_dir=model_dir)
+                         params={**self.replica.params(), "repinned": False,
+                                 **{k: v for k, v in phases.items() if isinstance(v, str)}},
+                         model_dir=model_dir,
+                         startup={k: float(v) for k, v in phases.items() if not isinstance(v, str)})
 
     def repin(self, cores: list[int]) -> ReplicaUp | NodeError:
         """Move the live replica to ``cores`` and empty its prefix cache, so the next trial starts cold."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -46,6 +46,7 @@ class SweepData:
     slo: Slo = Slo()                        # what the sweep itself records
     parent_run_id: str | None = None
     notes: tuple[str, ...] = ()             # what could not be read, what is still in the outbox
+    time_use: Mapping[str, float] = field(default_factory=dict)  # the sweep run's window-share figures
 
 
 def read_records(path: Path, what: str) -> pd.DataFrame:
@@ -150,8 +151,11 @@ def from_mlflow(client: Any, sweep: str, *, source: str) -> SweepData | None:
                              (_download_json(client, pid, "spec.json", Path(tmp)), f"parent run {pid}: spec.json"),
                              (_plan_first_row(_download_json(client, pid, "plan.json", Path(tmp))),
                               f"parent run {pid}: plan.json")])
+    time_use = {k: v for k, v in (parent.data.metrics if parent is not None else {}).items()
+                if k.startswith(("gpu_", "core_")) and k.endswith(("_s", "_share"))}
     return SweepData(sweep=sweep, kind="mlflow", source=source, trials=runs_frame(runs), records=records, slo=slo,
-                     parent_run_id=parent.info.run_id if parent is not None else None, notes=tuple(notes))
+                     parent_run_id=parent.info.run_id if parent is not None else None, notes=tuple(notes),
+                     time_use=time_use)
 
 
 def _latest_entries(entries: Iterable[outbox.OutboxEntry]) -> list[outbox.OutboxEntry]:

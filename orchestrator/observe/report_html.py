@@ -59,6 +59,7 @@ class Page:
     csvs: Mapping[str, str] = field(default_factory=dict)  # label -> path relative to the page
     notes: Sequence[str] = ()
     missing: Sequence[str] = ()
+    time_use: Sequence[str] = ()  # orchestrator.observe.windows.describe_time_use lines
 
 
 def _e(value: Any) -> str:
@@ -200,6 +201,8 @@ def render(page: Page) -> str:
         f"<p>Intervals: {o.level:.0%} bootstrap that resamples repeats, then requests within each "
         f"({o.n_boot} draws, seed {o.seed}). Knee tolerance: {o.tolerance:.0%}. SLOs: {_e(o.slo.describe())}.</p>",
     ]
+    for line in page.time_use:
+        head.append(f"<p>{_e(line)}.</p>")
     if files:
         head.append(f"<p>Tables: {files}</p>")
     if page.notes:

@@ -31,6 +31,7 @@ from orchestrator.observe.report import CONFIG, costs
 from orchestrator.observe.report_data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
 from orchestrator.observe.report_extras import extras_for, missing_sections
 from orchestrator.observe.report_html import Page, Section, render
+from orchestrator.observe.windows import describe_time_use
 from orchestrator.observe.report_tables import (ReportOptions, aggregated_table, config_labels, configurations,
                                                 heatmap_table, knee, merge_slo, trial_table)
 
@@ -122,7 +123,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         heat_png = "plots/heatmap.png"
     page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
                 heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({f})": f for n, f in CSVS.items()},
-                notes=data.notes, missing=missing_sections())
+                notes=data.notes, missing=missing_sections(), time_use=describe_time_use(dict(data.time_use)))
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
     return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts)

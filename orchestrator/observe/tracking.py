@@ -113,6 +113,12 @@ def parent_run(client: MlflowClient, sweep: str) -> Any | None:
     return client.get_run(run_id) if run_id else None
 
 
+def log_sweep_metrics(client: MlflowClient, parent_run_id: str, metrics: Mapping[str, float]) -> None:
+    """Figures of the whole sweep (the share of held time inside windows) on its parent run."""
+    now = int(time.time() * 1000)
+    client.log_batch(parent_run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+
 def log_report(client: MlflowClient, parent_run_id: str, folder: Path, artifact_path: str = "report") -> None:
     """Log a written report folder (``index.html``, plots, CSVs) as artifacts of the sweep's parent run."""
     client.log_artifacts(parent_run_id, str(folder), artifact_path)
@@ -434,5 +440,6 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
     return uploaded, remaining
 
 
-__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "log_report", "mlflow_server_ok",
+__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "log_report", "log_sweep_metrics",
+           "mlflow_server_ok",
            "parent_run", "sync_outbox", "trial_runs", "upload_trial"]

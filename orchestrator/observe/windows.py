@@ -152,6 +152,23 @@ def share_metrics(shares: dict[str, UnitShare]) -> dict[str, float]:
     return out
 
 
+_UNIT_NAMES = {"gpu": ("GPU-held", "GPU-s"), "core": ("core-held (CPU-only replicas)", "core-s")}
+
+
+def describe_time_use(metrics: dict[str, float]) -> list[str]:
+    """One line per unit of :func:`share_metrics`'s figures (also read back from the sweep's run), e.g.
+    ``GPU-held time: 1200 GPU-s, 21.0% inside windows (starting 62.5%, warmup 4.1%, ...)``."""
+    out = []
+    for unit, (what, sec) in _UNIT_NAMES.items():
+        held = metrics.get(f"{unit}_held_s")
+        if not held:
+            continue
+        rest = ", ".join(f"{p} {metrics.get(f'{unit}_{p}_s', 0.0) / held:.1%}" for p in PHASES if p != "window")
+        share = metrics.get(f"{unit}_window_share", metrics.get(f"{unit}_window_s", 0.0) / held)
+        out.append(f"{what} time: {held:.0f} {sec}, {share:.1%} inside measurement windows ({rest})")
+    return out
+
+
 def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpus: int = 0, cores: int = 0,
                          node: str = "", held_from: float | None = None, held_to: float | None = None) -> LeaseTimeline:
     """A lease from what its executor saw, as ``(event, time)`` in order of time.
@@ -182,5 +199,6 @@ def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpu
     return LeaseTimeline(lease, first, last, gpus, cores, tuple(sorted(spans, key=lambda s: s.start)), node)
 
 
-__all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "LeaseTimeline", "Span", "UnitShare", "lease_share",
+__all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "LeaseTimeline", "Span", "UnitShare", "describe_time_use",
+           "lease_share",
            "phase_seconds", "share_metrics", "timeline_from_events", "unit_shares"]

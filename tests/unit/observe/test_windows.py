@@ -93,3 +93,14 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="before it is held"):
         LeaseTimeline("r", 5, 1)
     assert lease_share(LeaseTimeline("empty", 3, 3, gpus=1)).window_share is None
+
+
+def test_time_use_lines_name_the_unit_and_the_phases() -> None:
+    from orchestrator.observe.windows import describe_time_use
+
+    figures = {"gpu_held_s": 200.0, "gpu_window_s": 50.0, "gpu_starting_s": 120.0, "gpu_warmup_s": 10.0,
+               "gpu_crosscheck_s": 0.0, "gpu_teardown_s": 10.0, "gpu_idle_s": 10.0, "gpu_window_share": 0.25}
+    (line,) = describe_time_use(figures)
+    assert line.startswith("GPU-held time: 200 GPU-s, 25.0% inside measurement windows")
+    assert "starting 60.0%" in line and "idle 5.0%" in line
+    assert describe_time_use({}) == []
