@@ -355,7 +355,7 @@ class RayTrialExecutor:
             lease.mark("window")
             run = ray.get(workload.run.remote(spec_json, up.base_url, trial.model.name, up.tokenizer_path, trace))
             lease.mark("window_end")
-            window = ray.get(lease.replica.end_window.remote())
+            window = ray.get(lease.replica.end_window.remote(len(run.records)))
             checks["client_end"] = ray.get(workload.verify.remote())
             if xcheck and not bare_first and window["alive"]:
                 bare = cross_check()
@@ -369,6 +369,8 @@ class RayTrialExecutor:
             warnings.append("the prefix cache could not be reset before the window: it did not start empty")
         metrics = summarize_trial(run, window["server"], window["rows"], slo=trial.slo)
         metrics.update(window.get("accounting", {}))
+        metrics.update(window.get("attribution", {}))
+        params.update(window.get("attribution_params", {}))
         fidelity = replay_fidelity_of(sessions_of(trial), run.records, window.get("block_size"),
                                       metrics.get("prefix_hit_rate"))
         if fidelity is not None:

@@ -27,12 +27,14 @@ import ray
 
 from orchestrator.control import survivors
 from orchestrator.node.accounting import CoreAccounting
+from orchestrator.node.attribution import RoleAccounting
 from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
 from orchestrator.node.hostfacts import host_facts
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids, verify_self
+from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
 
 
@@ -175,6 +177,9 @@ class ReplicaActor:
         self.sampler: TelemetrySampler | None = None
         self.accounting: CoreAccounting | None = None
         self.side_accounting: CoreAccounting | None = None
+        self.roles: RoleAccounting | None = None
+        self.stacks: StackSampler | None = None
+        self._windows = 0
         self.before: Any = None
         self.tokenizer_path = ""
         self._lock = threading.Lock()
@@ -281,11 +286,18 @@ class ReplicaActor:
         self.sampler.start()
         root = self.replica.pid
         self.accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
+        self.roles = RoleAccounting(root, lambda: tree_pids(root)).start()
+        st = tel.stacks
+        self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
+                       if st.enabled else None)
         return facts
 
-    def end_window(self) -> dict[str, Any]:
+    def end_window(self, requests: int | None = None) -> dict[str, Any]:
+        """Stop sampling and take the after-scrape; ``requests`` (sent in the window) makes the per-request
+        CPU figures of the attribution."""
         assert self.replica is not None
         accounting = self.accounting.stop() if self.accounting else {}
+        attribution, attribution_params = self._attribution(requests)
         rows = self.sampler.stop() if self.sampler else []
         alive = self.replica.alive()
         try:
@@ -295,7 +307,25 @@ class ReplicaActor:
         server = delta(self.before, after) if self.before is not None and after is not None else {}
         block = self.before.block_size() if self.before is not None else None
         return {"server": server, "rows": rows, "alive": alive, "block_size": block or self.trial.server.block_size,
-                "accounting": accounting}
+                "accounting": accounting, "attribution": attribution, "attribution_params": attribution_params}
+
+    def _attribution(self, requests: int | None) -> tuple[dict[str, float], dict[str, str]]:
+        """CPU time per process role, and with ``telemetry.stacks`` the sampled stacks by category; the
+        collapsed stacks are written beside the trial's files (``stacks-w<window>-<role>.collapsed``)."""
+        if self.roles is None:
+            return {}, {}
+        roles, self.roles = self.roles.stop(), None
+        metrics, params = roles.metrics(requests), roles.params()
+        self._windows += 1
+        if self.stacks is not None:
+            window, self.stacks = self.stacks.stop(roles), None
+            stack_metrics = window.metrics(requests)
+            metrics.update(stack_metrics)
+            metrics.update(coverage(stack_metrics, metrics))
+            params.update(window.params())
+            for name, data in window.files().items():
+                (self.workdir / name.replace("stacks-", f"stacks-w{self._windows}-", 1)).write_bytes(data)
+        return metrics, params
 
     def stop(self) -> dict[str, bytes]:
         """Stop everything this actor started and return the node-side artifacts as bytes."""
@@ -303,6 +333,8 @@ class ReplicaActor:
             self._stopped = True
         if self.sampler is not None:
             self.sampler.stop()
+        if self.stacks is not None:  # a window cut short: py-spy must not outlive it
+            self.stacks.stop()
         if self.replica is not None:
             report = self.replica.stop()
             if self.replica.pid is not None and not report.get("leftover_pids"):

@@ -71,6 +71,13 @@ def tree_cmdlines(root: int) -> dict[int, str]:
     return out
 
 
+# py-spy writes its stacks when SIGINT stops it. A Ray actor's threads block SIGINT (SigBlk bit 2 in
+# /proc/<pid>/status) and a child inherits the mask across exec, so a py-spy started from an actor
+# never saw the signal and was killed with nothing written: exec it with SIGINT unblocked and default.
+SIGINT_RESTORED = (sys.executable, "-S", "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def py_spy_command(py_spy: str, pid: int, rate_hz: float, out: str, native: bool = False,
                    max_s: float = 3600.0) -> list[str]:
     """The ``py-spy record`` command line (pure); ``max_s`` caps it should nobody stop it."""
@@ -177,7 +184,8 @@ class StackSampler:
             err = open(self._dir / "stderr", "wb")
             with err:
                 self._proc = subprocess.Popen(
-                    py_spy_command(exe, self.root, self.rate_hz, str(self._dir / "raw.txt"), self.native, self.max_s),
+                    [*SIGINT_RESTORED, *py_spy_command(exe, self.root, self.rate_hz, str(self._dir / "raw.txt"),
+                                                       self.native, self.max_s)],
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         except OSError as exc:
             self._status = f"py-spy could not start: {exc}"
