@@ -76,11 +76,19 @@ class VllmVariant(_Strict):
 class ServerSpec(_Strict):
     """Settings shared by every replica of the sweep."""
 
-    stack: Literal["vllm", "standin"] = Field(
+    stack: Literal["vllm", "ray-serve", "standin"] = Field(
         default="vllm",
-        description="Serving stack (Ray Serve LLM is planned). standin: orchestrator.node.standin, a latency-emulating "
+        description="Serving stack. vllm: `vllm serve`. ray-serve: a Ray Serve LLM app (OpenAI ingress and LLMServer "
+                    "deployments, orchestrator.node.serve_replica) on a Ray instance of its own on the trial's node, "
+                    "under the same restriction. standin: orchestrator.node.standin, a latency-emulating "
                     "stand-in server (not vLLM) for benchmarks of the orchestrator's own scaling only; never a "
                     "result about vLLM.")
+    serve_frontend: Literal["inside", "outside"] = Field(
+        default="inside",
+        description="ray-serve only: where Serve's controller, HTTP proxy and ingress replica (and that Ray's own "
+                    "processes) run. inside: on the trial's cores, as when they share the node in production; "
+                    "outside: on the node's other cores, so that the trial's cores serve only the LLMServer "
+                    "replica and vLLM. Part of a trial's identity only when set to outside.")
     load_format: Literal["auto", "dummy"] = Field(default="dummy", description="dummy = random weights of the real shape.")
     max_model_len: int = Field(default=4096, ge=64, le=2_000_000, description="--max-model-len.")
     block_size: int | None = Field(default=None, description="--block-size; vLLM-CPU needs 32 or 128 (16 fails).")
@@ -94,6 +102,21 @@ class ServerSpec(_Strict):
         if v is not None and v not in (32, 64, 128, 256):
             raise ValueError("block_size must be one of 32, 64, 128, 256")
         return v
+
+    @model_validator(mode="after")
+    def _frontend_needs_serve(self) -> "ServerSpec":
+        if self.serve_frontend != "inside" and self.stack != "ray-serve":
+            raise ValueError(f"serve_frontend: {self.serve_frontend} applies to stack: ray-serve only "
+                             f"(stack is {self.stack})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_frontend(self, handler: Any) -> dict[str, Any]:
+        # Left out at its default, so that the trials of every sweep written before it keep their ids.
+        out = handler(self)
+        if self.serve_frontend == "inside":
+            out.pop("serve_frontend", None)
+        return out
 
 
 Restriction = Literal["cpuset", "affinity", "quota"]
