@@ -15,7 +15,8 @@ Categories (:data:`CATEGORIES`), the paths through which CPU starvation grows TT
 - ``input_prep``: the model runner preparing a step's inputs (states, input ids, attention metadata);
 - ``ipc``: zmq, msgspec, pickle, vLLM's serialisation and its socket threads between processes;
 - ``shm_broadcast``: the shared-memory ``MessageQueue`` between scheduler and workers, its spin-wait;
-- ``cuda_launch``: CUDA graph replay, kernel launches, torch op dispatch on a GPU worker;
+- ``cuda_launch``: CUDA graph replay, kernel launches, torch op dispatch on a GPU worker, and the
+  host's waits on CUDA events (``Event.synchronize`` spins until the GPU is done);
 - ``model_forward``: the forward pass and sampling (on CPU vLLM they run on the host);
 - ``idle``: a sample caught in a wait (a lock or condition, select/epoll/poll, an idle pool thread);
 - ``other``: anything else.
@@ -85,7 +86,7 @@ PURPOSE = _rules(
 LIBRARY = _rules(
     ("ipc", r"\(zmq/|\(msgspec/|\(pickle\.py|\(copyreg\.py|\(cloudpickle/|\(vllm/v1/serial_utils\.py"
             r"|\(multiprocessing/(connection|reduction|queues)\.py|\(vllm/v1/engine/tensor_ipc\.py"
-            r"|\(vllm/v1/engine/core_client\.py"),
+            r"|\(vllm/v1/engine/core_client\.py|" + Q + r"(put|put_nowait) \(queue\.py"),  # handing outputs to a socket thread
     ("model_forward", r"\(vllm/model_executor/|\(vllm/models/|\(vllm/attention/|\(vllm/v1/attention/|\(vllm/v1/sample/"
                       r"|\(vllm/compilation/|\(vllm/forward_context\.py|\(vllm/_custom_ops\.py|\(vllm/ir/|\(torch/"
                       r"|\(triton/|" + Q + r"_?model_forward |\(libtorch|\(libgomp|\(libiomp|\(libomp|\(_C\.abi3"),

@@ -55,6 +55,13 @@ CASES: list[tuple[tuple[str, ...], str]] = [
                "onednn_mm (vllm/_custom_ops.py:3758)", "OpOverloadPacket.__call__ (torch/_ops.py:1279)"), "model_forward"),
     (WORKER + ("CUDAGraphWrapper.__call__ (vllm/compilation/cuda_graph.py:200)",
                "CUDAGraph.replay (torch/cuda/graphs.py:88)"), "cuda_launch"),
+    (ENGINE + ("Queue.put_nowait (queue.py:191)", "Queue.put (queue.py:152)", "Condition.notify (threading.py:410)"),
+     "ipc"),
+    # vLLM 0.26 on an H200 (model runner v2, the worker inside the engine core at TP=1):
+    (ENGINE + ("Worker.execute_model (vllm/v1/worker/gpu_worker.py:1146)",
+               "GPUModelRunner.prepare_inputs (vllm/v1/worker/gpu/model_runner.py:700)",
+               "RequestState.apply_staged_writes (vllm/v1/worker/gpu/states.py:119)",
+               "async_tensor_h2d (vllm/utils/torch_utils.py:584)"), "input_prep"),
     (("epoll_wait (libc.so.6)",), "idle"),
     (("<module> (job.py:1)", "compute (job.py:5)"), "other"),
     ((), "other"),
@@ -69,6 +76,9 @@ def test_stacks_map_to_their_category(frames: tuple[str, ...], expected: str) ->
 
 def test_on_a_gpu_worker_the_forward_pass_is_kernel_launches() -> None:
     frames = WORKER + ("LlamaModel.forward (vllm/model_executor/models/llama.py:400)",)
+    graph = ENGINE + ("ModelCudaGraphManager.run_fullgraph (vllm/v1/worker/gpu/cudagraph_utils.py:571)",
+                      "CUDAGraph.replay (torch/cuda/graphs.py:139)")
+    assert categorize(graph, gpu=True) == "cuda_launch"
     assert categorize(frames, gpu=False) == "model_forward"
     assert categorize(frames, gpu=True) == "cuda_launch"
     assert categorize(WORKER + ("GPUModelRunner._prepare_inputs (vllm/v1/worker/gpu_model_runner.py:2136)",),
