@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
 import textwrap
@@ -47,7 +48,8 @@ def test_command_line() -> None:
     assert "--native" in native and "--nonblocking" not in native  # py-spy needs a stopped process for C frames
 
 
-def test_stacks_are_read_on_sigint_and_shared_out_by_the_accounting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocked", [False, True], ids=["plain", "sigint-blocked-as-in-a-ray-actor"])
+def test_stacks_are_read_on_sigint_and_shared_out_by_the_accounting(tmp_path: Path, blocked: bool) -> None:
     exe = fake_py_spy(tmp_path, f"""
         def done(*_):
             open(out, "w").write({RAW!r})
@@ -58,7 +60,12 @@ def test_stacks_are_read_on_sigint_and_shared_out_by_the_accounting(tmp_path: Pa
         time.sleep(60)
     """)
     s = StackSampler(10, rate_hz=50, py_spy=exe, cmdlines=lambda root: {10: "/venv/bin/python -c import x\nserve = 1"})
-    s.start()
+    # A Ray actor's threads block SIGINT and a child inherits the mask: py-spy must still see the signal.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK if blocked else signal.SIG_UNBLOCK, [signal.SIGINT])
+    try:
+        s.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
     ready = Path(s._dir or "", "raw.txt.ready")
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:  # the stand-in's SIGINT handler is in place
