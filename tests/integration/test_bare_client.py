@@ -45,7 +45,7 @@ WORKLOAD = AgenticWorkload(name="xcheck", sessions=4, turns=3, concurrency=2, sy
 def trial() -> TrialSpec:
     return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
                      restriction="affinity", start="fresh",
-                     vllm=VllmVariant(name="dev", env={"VLLM_SERVER_DEV_MODE": "1"}),
+                     vllm=VllmVariant(name="dev", args=("--enforce-eager",), env={"VLLM_SERVER_DEV_MODE": "1"}),
                      workload=WORKLOAD, server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
                      client=ClientSpec(), repeat=0)
 

