@@ -87,6 +87,11 @@ def ttft_plot(rows: pd.DataFrame, path: Path, *, title: str, knee: int | None,
             ax.annotate(cell, (c, 0), xycoords=("data", "axes fraction"), xytext=(0, 4), textcoords="offset points",
                         ha="center", fontsize=8, color="tab:red")
     ax.set_ylabel("TTFT (ms)")
+    return _finish(fig, ax, x, title, path)
+
+
+def _finish(fig: Any, ax: Any, x: Sequence[int], title: str, path: Path) -> Path:
+    """Title, the cores axis and the legend (when something is labelled) of a one-panel plot; saved."""
     ax.set_title(title, fontsize=10)
     _cores_axis(ax, x)
     if ax.get_legend_handles_labels()[0]:
@@ -127,11 +132,7 @@ def goodput_plot(rows: pd.DataFrame, path: Path, *, title: str, slo: Slo) -> Pat
             ax.plot(x[keep], y[keep], marker="o", label=label)
     ax.set_ylabel("requests / s")
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=10)
-    _cores_axis(ax, x)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, x, title, path)
 
 
 def holdout_plot(holdout: pd.DataFrame, path: Path, *, title: str) -> Path:

@@ -95,20 +95,18 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int
     }
 
 
+# Llama 3.1's RoPE scaling, as its config.json states it
+LLAMA31_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
 SHAPES: dict[str, Shape] = {s.name: s for s in [
     Shape("tiny-llama", QWEN3, _llama(256, 512, 2, 4, 2, QWEN3.vocab_size, 32768),
           "Llama architecture, hidden 256, 2 layers, head_dim 64, Qwen3 tokenizer: serves on vLLM-CPU."),
     Shape("llama-3.1-8b", LLAMA3, _llama(4096, 14336, 32, 32, 8, LLAMA3.vocab_size, 131072,
-                                         rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 8192,
-                                                       "rope_type": "llama3"}),
+                                         rope_scaling=LLAMA31_ROPE),
           "Llama-3.1-8B shape, Llama 3 tokenizer (fetched at set-up)."),
     Shape("llama-3.1-70b", LLAMA3, _llama(8192, 28672, 80, 64, 8, LLAMA3.vocab_size, 131072,
-                                          rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
-                                                        "high_freq_factor": 4.0,
-                                                        "original_max_position_embeddings": 8192,
-                                                        "rope_type": "llama3"}),
+                                          rope_scaling=LLAMA31_ROPE),
           "Llama-3.1-70B shape, Llama 3 tokenizer (fetched at set-up)."),
     Shape("qwen3-30b-a3b", QWEN3, {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,

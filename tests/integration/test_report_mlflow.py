@@ -11,10 +11,8 @@ is built from it. No vLLM or Ray.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -25,7 +23,6 @@ from mlflow import MlflowClient
 from orchestrator.cli import main
 from orchestrator.control.net import free_port
 from orchestrator.control.results import TrialResult, TrialStatus
-from orchestrator.control.services import mlflow_server
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, parent_run
 from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
 from orchestrator.plan.spec import parse_spec
@@ -36,15 +33,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 N = 60  # requests per trial
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
-    try:
-        with mlflow_server(tmp_path_factory.mktemp("mlflow"), port=free_port()) as srv:
-            yield srv.uri
-    finally:
-        if saved is not None:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
+@pytest.fixture
+def server(mlflow_uri: str) -> str:
+    """The session's real MLflow server (tests/conftest.py)."""
+    return mlflow_uri
 
 
 def _plan(name: str) -> SweepPlan:
