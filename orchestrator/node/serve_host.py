@@ -2,29 +2,22 @@
 
 The config is a pure function of the TrialSpec (:func:`llm_config`, :func:`host_spec`): the engine
 settings ``build_vllm_command`` gives ``vllm serve``, the trial's ``vllm.args`` as engine kwargs, and
-placement-group bundles from its GPUs and cores. :func:`classify` names Serve's processes by title.
-This module imports nothing of Ray at import time, so the node side and the unit tests can use it.
+placement-group bundles from its GPUs and cores. :func:`classify` names Serve's processes. Nothing of
+Ray is imported at import time, so the node side and the unit tests use this module freely.
 
-:class:`orchestrator.node.serve_replica.ServeReplica` launches :func:`main` (restricted, with a
-lifeline) with a spec file. The program:
-
-1. checks the ``LLMConfig`` with Ray Serve LLM's own validation, before anything starts. A refused
-   engine flag is the trial's fault: exit code 2, never retried.
-2. starts a local Ray (``address="local"``: never the cluster this node joined), on loopback. Its
-   CPUs are the trial's cores and its GPUs are the ones the trial actor was given.
-3. starts Serve with its HTTP proxy on ``127.0.0.1:<port>`` and deploys the app ``build_openai_app``
-   builds: an OpenAI ingress deployment in front of one LLMServer deployment, with Ray's default
-   options. It is assembled from the public pieces (``build_llm_deployment``, ``OpenAiIngress``,
-   ``make_fastapi_ingress``) so that the ingress also serves what the protocol reads from every
-   stack: ``GET /health``, ``POST /reset_prefix_cache`` (no body; answers ``{"success": ...}``) and
-   ``GET /metrics`` (the LLMServer replica's own vLLM Prometheus metrics).
-4. checks every ``WATCH_S`` that the app is still RUNNING. A replica that Serve had to restart is a
-   dead server to the trial, as a dead ``vllm serve`` is: exit code 1.
-5. on SIGTERM deletes the app, shuts Serve and Ray down, and exits 0.
-
-It reports through a status file: one JSON object with ``state`` (starting, running, failed,
-stopped), phase times, versions, the deployments' options and what teardown did. What it and Ray's
-workers print (``log_to_driver``) goes to its stdout, which is the trial's ``vllm.log``.
+:func:`main` is the program :class:`~orchestrator.node.serve_replica.ServeReplica` launches, restricted
+and with a lifeline. It checks the ``LLMConfig`` with Ray Serve LLM's own validation before anything
+starts (a refused flag is the trial's fault: exit code 2); starts a local Ray (``address="local"``,
+never the cluster this node joined; on loopback) whose CPUs are the trial's cores and whose GPUs are
+the trial actor's; starts Serve with its proxy on ``127.0.0.1:<port>``; and deploys the app
+``build_openai_app`` builds (an OpenAI ingress deployment in front of one LLMServer deployment, Ray's
+default options), assembled from its public pieces so that the ingress also serves what the protocol
+reads from every stack: ``GET /health``, ``POST /reset_prefix_cache`` (no body) and ``GET /metrics``
+(the LLMServer replica's own vLLM metrics). A replica Serve has to restart is a dead server to the
+trial, as a dead ``vllm serve`` is (exit code 1). On SIGTERM it deletes the app and shuts Serve and Ray
+down. It reports through a status file (``state``: starting, running, failed, stopped; phase times,
+versions, the deployments' options, what teardown did); it and Ray's workers print to the trial's
+``vllm.log``.
 """
 
 from __future__ import annotations
@@ -32,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -54,9 +46,9 @@ SERVER_PREFIX = "LLMServer:"
 INGRESS_NAME = "OpenAiIngress"
 OBJECT_STORE_BYTES = 256 << 20  # the app passes requests through it, not tensors
 WATCH_S = 5.0  # how often a running app's status is read (one call to Serve's controller)
-# `vllm serve` flags with no engine-kwarg meaning under Serve.
-REFUSED_ARGS = {"host": "Serve's proxy listens on the trial's port", "port": "Serve's proxy listens on the trial's port",
-                "model": "the model comes from the trial", "served_model_name": "the model id is the trial's model name",
+PROXY_PORT = "Serve's proxy listens on the trial's port"
+REFUSED_ARGS = {"host": PROXY_PORT, "port": PROXY_PORT, "model": "the model comes from the trial",  # no engine kwargs
+                "served_model_name": "the model id is the trial's model name",
                 "api_server_count": "Serve runs no API-server processes (its proxy and ingress stand in for them)"}
 
 
@@ -223,12 +215,8 @@ def app_classes() -> tuple[type, type, dict[str, Any]]:
 
             return generate_latest(get_prometheus_registry()).decode()
 
-        async def reset_prefix_cache_checked(self) -> bool:
-            client = getattr(self.engine, "_engine_client", None)
-            if client is None:  # not vLLM's engine client: Ray's own reset, which returns nothing
-                await self.reset_prefix_cache()
-                return True
-            return bool(await client.reset_prefix_cache())
+        async def reset_prefix_cache_checked(self) -> bool:  # Ray's reset_prefix_cache drops vLLM's answer
+            return bool(await self.engine._engine_client.reset_prefix_cache())
 
     class TrialIngress(OpenAiIngress):
         def __init__(self, llm_deployments: dict[str, Any], model_cards: dict[str, Any], **kw: Any) -> None:
@@ -282,8 +270,6 @@ def build_app(config: Any) -> tuple[Any, dict[str, Any]]:
     return app, record
 
 
-# ---------------------------------------------------------------- the program
-
 class Status:
     """The status file the replica reads: one JSON object, replaced whole on every change."""
 
@@ -298,7 +284,7 @@ class Status:
         os.replace(tmp, self.path)
 
 
-def say(message: str) -> None:
+def say(message: str) -> None:  # into vllm.log, beside Ray's and vLLM's lines
     print(f"# serve_host: {message}", flush=True)
 
 
@@ -322,34 +308,34 @@ def main(argv: list[str]) -> int:
         config = LLMConfig.model_validate(spec["llm_config"])
         config.get_engine_config()
     except Exception as exc:  # noqa: BLE001 (every refusal is the trial's config)
-        say(f"Ray Serve LLM refused the trial's config: {exc}")
-        status.write(state="failed", error_kind="config", message=f"Ray Serve LLM refused the config: {exc}")
+        say(why := f"Ray Serve LLM refused the trial's config: {exc}")
+        status.write(state="failed", error_kind="config", message=why)
         return 2
     from ray import serve
 
     from orchestrator.control.services import ray_on_loopback
 
     started = {"ray": False, "serve": False}
+
+    def reached(what: str, text: str) -> None:
+        started[what] = True
+        status.write(**{f"{what}_started_s": round(time.monotonic() - t0, 3)})
+        say(f"{text} after {time.monotonic() - t0:.1f} s")
+
     try:
         with ray_on_loopback():
             ray.init(address="local", num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"],
                      include_dashboard=False, object_store_memory=spec["object_store_bytes"],
                      _temp_dir=spec["temp_dir"], log_to_driver=True, configure_logging=False)
-        started["ray"] = True
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ray.init put in one that exits at once
-        status.write(ray_started_s=round(time.monotonic() - t0, 3))
-        say(f"local Ray up after {time.monotonic() - t0:.1f} s")
+        reached("ray", "local Ray up")
         serve.start(http_options={"host": "127.0.0.1", "port": spec["port"]}, proxy_location="HeadOnly")
-        started["serve"] = True
-        status.write(serve_started_s=round(time.monotonic() - t0, 3))
-        say(f"Serve up after {time.monotonic() - t0:.1f} s, its proxy on 127.0.0.1:{spec['port']}")
+        reached("serve", f"Serve up, its proxy on 127.0.0.1:{spec['port']},")
         app, record = build_app(config)
         status.write(deployment=record)
         serve.run_many([serve.RunTarget(app, name=spec["app_name"], route_prefix="/")],
                        wait_for_applications_running=False)
-        code = _wait_running(spec, status, stop, t0)
-        if code is None:
-            code = _watch(spec, status, stop)
+        code = _serve(spec, status, stop, t0)
     except Exception as exc:  # noqa: BLE001 (reported, then the same teardown)
         say(f"failed: {exc}\n{traceback.format_exc()}")
         status.write(state="failed", error_kind="server_died", message=f"{type(exc).__name__}: {exc}")
@@ -370,34 +356,23 @@ def _app_status(name: str) -> tuple[str, str]:
     return str(getattr(app.status, "value", app.status)), f"{app.message} {detail}".strip()
 
 
-def _wait_running(spec: dict[str, Any], status: Status, stop: threading.Event, t0: float) -> int | None:
-    """None once the app is RUNNING; else the exit code (it failed, ran out of time, or was told to stop)."""
-    deadline = t0 + spec["startup_timeout_s"]
-    while not stop.is_set():
+def _serve(spec: dict[str, Any], status: Status, stop: threading.Event, t0: float) -> int:
+    """Wait for the app to be RUNNING (checked every second), then watch it (every ``WATCH_S``) until
+    SIGTERM: 0. Or 1: it failed to deploy, ran out of time, or left RUNNING (Serve restarts a dead replica)."""
+    deadline, running = t0 + spec["startup_timeout_s"], False
+    while not stop.wait(WATCH_S if running else 1.0):
         state, detail = _app_status(spec["app_name"])
-        if state == "RUNNING":
+        if state == "RUNNING" and not running:
+            running = True
             status.write(state="running", running_s=round(time.monotonic() - t0, 3))
             say(f"app {spec['app_name']} RUNNING after {time.monotonic() - t0:.1f} s")
-            return None
-        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+        elif (running and state != "RUNNING") or state in ("DEPLOY_FAILED", "UNHEALTHY"):
             say(f"app {spec['app_name']} {state}: {detail}")
             status.write(state="failed", error_kind="server_died", message=f"Serve app {state}: {detail}")
             return 1
-        if time.monotonic() > deadline:
+        elif not running and time.monotonic() > deadline:
             status.write(state="failed", error_kind="startup_timeout",
                          message=f"Serve app still {state} after {spec['startup_timeout_s']:.0f} s: {detail}")
-            return 1
-        stop.wait(1.0)
-    return 0
-
-
-def _watch(spec: dict[str, Any], status: Status, stop: threading.Event) -> int:
-    """Until SIGTERM: 0; or 1 as soon as the app leaves RUNNING (its replica died and Serve restarts it)."""
-    while not stop.wait(WATCH_S):
-        state, detail = _app_status(spec["app_name"])
-        if state != "RUNNING":
-            say(f"app {spec['app_name']} left RUNNING: {state} {detail}")
-            status.write(state="failed", error_kind="server_died", message=f"Serve app {state}: {detail}")
             return 1
     return 0
 
@@ -419,5 +394,6 @@ def _teardown(spec: dict[str, Any], status: Status, started: dict[str, bool]) ->
     say(f"teardown: {json.dumps(done)}")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+
+__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "Role", "app_classes", "build_app", "classify", "engine_kwargs",
+           "host_spec", "llm_config", "main", "parse_cli_args", "pin_worker", "placement_bundles", "process_sets", "roots"]

@@ -33,7 +33,6 @@ every thread of the serving set (inside: of the whole tree) against the trial's 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -152,8 +151,8 @@ class ServeReplica(VllmReplica):
     def params(self) -> dict[str, str]:
         """Facts to record with the trial (strings, for MLflow params)."""
         st = self._status()
-        p = {"vllm_version": vllm_version(), "server_stack": "ray-serve", "ray_version": _version("ray"),
-             "serve_version": _version("ray"), "restriction_requested": self.mode_requested,
+        p = {"vllm_version": vllm_version(), "server_stack": "ray-serve", "ray_version": st.get("ray_version", ""),
+             "serve_version": st.get("serve_version", ""), "restriction_requested": self.mode_requested,
              "restriction_mode": self.mode_used, "restriction_fallback": self.fallback_reason or "",
              "replica_cpus": format_cpulist(self.cores), "port": str(self.port), "serve_frontend": self.frontend,
              "serve_frontend_cpus": format_cpulist(self.frontend_restriction.cpus) if self.frontend_restriction else "",
@@ -383,13 +382,6 @@ def _running(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _without_env(config: Mapping[str, Any] | None) -> dict[str, Any]:
