@@ -205,8 +205,11 @@ class ReplicaActor:
         except ModelError as exc:
             return NodeError("config", str(exc))
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
-        replica = VllmReplica(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
-                              self.trial.restriction, scratch_dir=self.node_home / "scratch")
+        cls = VllmReplica
+        if self.trial.server.stack == "ray-serve":  # Ray Serve LLM on a Ray of its own, same interface
+            from orchestrator.node.serve_replica import ServeReplica as cls
+        replica = cls(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
+                      self.trial.restriction, scratch_dir=self.node_home / "scratch")
         with self._lock:  # either stop() comes first and nothing starts, or it sees the process to kill
             if self._stopped:
                 return NodeError("internal", "stopped before vLLM started")
