@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 # A configuration: the factors other than cores and the repeat index. Repeats are aggregated.
-CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "workload", "text_style", "restriction", "start"]
+CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "stack", "workload", "text_style", "restriction",
+          "start"]
 GROUP = [*CONFIG, "repeat"]  # one trial's identity apart from cores (the raw frames keep the repeat)
 SPREAD_WARN = 0.10
 TIMEOUT_MAJORITY = 0.5
@@ -60,6 +61,7 @@ def trial_row(params: Mapping[str, Any], tags: Mapping[str, Any], metrics: Mappi
            "status": "COMPLETED" if finished else "FAILED", "error_kind": tags.get("error_kind", ""),
            **{k: v for k, v in metrics.items() if not str(k).startswith("ts/")}}
     row["api_servers"] = row.get("api_servers") or "1"  # runs from before the axis existed
+    row["stack"] = row.get("stack") or "vllm"
     for k in ("gpus", "repeat", "api_servers"):
         row[k] = int(row[k]) if row.get(k) is not None else None
     return row
@@ -96,6 +98,8 @@ def aggregate(df: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> pd.DataFram
         return df.reindex(columns=[c for c in COLUMNS if c not in ("speedup_p50", "knee")])
     df = df.copy()
     means = [*_MEANS, *attribution_columns(df)]
+    for col in CONFIG:  # a factor the trials do not record is "-", never NaN (NaN keys never match)
+        df[col] = df[col].fillna("-") if col in df else "-"
     for col in COLUMNS:
         if col not in df and col not in ("repeats", "trials", "p50_spread", "spread_flag", "speedup_p50", "knee"):
             df[col] = float("nan")

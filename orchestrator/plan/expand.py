@@ -82,6 +82,7 @@ class TrialSpec(BaseModel):
             "start": self.start,
             "vllm_variant": self.vllm.name,
             "api_servers": self.api_servers,
+            "stack": self.server.stack,
             "workload": self.workload.name,
             "text_style": getattr(self.workload, "text_style", "recorded"),
             "repeat": self.repeat,
@@ -108,7 +109,7 @@ class SweepPlan(BaseModel):
 def expand(spec: SweepSpec) -> SweepPlan:
     """Cross every axis into trials (pure, deterministic).
 
-    The order is model → hardware → gpus → vllm variant → api servers → start → restriction → workload →
+    The order is model → hardware → gpus → vllm variant → api servers → stack → start → restriction → workload →
     repeat → cores, so consecutive trials differ only in cores: that is the order in which a `repin` replica
     or a warm compile cache is reused, and repeats are interleaved (one repeat of every core count before
     the next repeat), never all of one configuration in a row. With ``protocol.share_start`` the fresh
@@ -122,17 +123,25 @@ def expand(spec: SweepSpec) -> SweepPlan:
         starts += [m for m in ("fresh", "repin") if m not in starts]
     trials = []
 
-    def trial(model, hw, gpus, variant, api_servers, workload, start, restriction, repeat, cores) -> TrialSpec:
+    def server_for(stack: str) -> Any:
+        if stack == spec.server.stack:
+            return spec.server
+        return spec.server.model_copy(update={"stack": stack, "serve_frontend": "inside"}
+                                      if stack != "ray-serve" else {"stack": stack})
+
+    def trial(model, hw, gpus, variant, api_servers, stack, workload, start, restriction, repeat,
+              cores) -> TrialSpec:
         return TrialSpec(
             sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
-            start=start, vllm=variant, workload=workload, server=spec.server, client=spec.client,
+            start=start, vllm=variant, workload=workload, server=server_for(stack), client=spec.client,
             repeat=repeat, api_servers=api_servers, protocol=spec.protocol, telemetry=spec.telemetry,
             slo=spec.slo)
 
-    for model, hw, gpus, variant, api_servers, start, restriction in itertools.product(
-        spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, starts, g.restriction,
+    for model, hw, gpus, variant, api_servers, stack, start, restriction in itertools.product(
+        spec.models, g.hardware, g.gpus, g.vllm, g.api_servers, g.stack or (spec.server.stack,), starts,
+        g.restriction,
     ):
-        base = (model, hw, gpus, variant, api_servers)
+        base = (model, hw, gpus, variant, api_servers, stack)
         core_counts = _cores_for(start, g.start, g.cores, g.calibrate)
         if spec.protocol.share_start and start == "fresh":
             # One start per core count serves its windows: repeat-major, workloads alternating.

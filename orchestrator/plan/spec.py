@@ -246,15 +246,19 @@ class Grid(_Strict):
         default=(1,), min_length=1,
         description="vLLM --api-server-count values. API servers tokenize and handle HTTP; they run inside the "
                     "replica's cores, so a sweep shows whether more cores or more API servers remove a frontend queue.")
+    stack: tuple[Literal["vllm", "ray-serve"], ...] | None = Field(
+        default=None, min_length=1,
+        description="Serving stacks to compare (vllm: `vllm serve`; ray-serve: a Ray Serve LLM app) under the same "
+                    "cores; unset = server.stack for every trial.")
     calibrate: tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
         default=(),
         description="Core counts to run both fresh and re-pinned (a replica started on the most cores, "
         "then re-pinned live), to measure what repin mode costs in fidelity.")
 
-    @field_validator("cores", "gpus", "hardware", "restriction", "start", "api_servers")
+    @field_validator("cores", "gpus", "hardware", "restriction", "start", "api_servers", "stack")
     @classmethod
-    def _unique(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
-        if len(set(v)) != len(v):
+    def _unique(cls, v: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        if v is not None and len(set(v)) != len(v):
             raise ValueError(f"values must be unique, got {list(v)}")
         return v
 

@@ -20,7 +20,7 @@ from workloads.records import RequestRecord, records_to_frame
 
 CORES = (1, 2, 4, 8)
 BASE = {"chat": lambda c: 0.05 + 0.4 / c, "code": lambda c: 0.08 + 0.2 / c}
-FACTORS = {"model": "m", "hardware": "cpu", "gpus": 0, "vllm_variant": "default", "api_servers": 1,
+FACTORS = {"model": "m", "hardware": "cpu", "gpus": 0, "vllm_variant": "default", "api_servers": 1, "stack": "vllm",
            "text_style": "agent-mix", "restriction": "affinity", "start": "fresh"}
 
 

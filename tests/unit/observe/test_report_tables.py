@@ -63,7 +63,7 @@ def test_a_failure_that_is_not_a_timeout_reads_failed(sweep):
 def test_knee_is_the_fewest_cores_within_the_tolerance(sweep):
     loose = aggregated_table(sweep.trials, sweep.records, ReportOptions(n_boot=50, tolerance=0.7))
     strict = aggregated_table(sweep.trials, sweep.records, ReportOptions(n_boot=50, tolerance=0.05))
-    chat = dict(configurations(loose))[("m", "cpu", 0, "default", 1, "chat", "agent-mix", "affinity", "fresh")]
+    chat = dict(configurations(loose))[("m", "cpu", 0, "default", 1, "vllm", "chat", "agent-mix", "affinity", "fresh")]
     assert knee(chat) == 4  # 0.15 is within 70% of 0.1 (and the 1-core timeout cell never counts)
     assert knee(configurations(strict)[0][1]) == 8
 

@@ -177,3 +177,16 @@ def test_smoke_sweep_slo_leaves_its_trial_ids():
     plan = expand(spec)
     bare = expand(spec.model_copy(update={"slo": None}))
     assert [t.trial_id for t in plan.trials] == [t.trial_id for t in bare.trials]
+
+
+def test_grid_stack_compares_serving_stacks_under_the_same_cores():
+    base = {"name": "s", "models": [{"name": "m", "shape": "tiny-llama"}],
+            "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}], "grid": {"cores": [1, 2]}}
+    plain = expand(parse_spec(base))
+    both = expand(parse_spec({**base, "grid": {"cores": [1, 2], "stack": ["vllm", "ray-serve"]}}))
+    assert [(t.server.stack, t.cores) for t in both.trials] == [("vllm", 1), ("vllm", 2), ("ray-serve", 1),
+                                                                 ("ray-serve", 2)]
+    assert [t.trial_id for t in both.trials[:2]] == [t.trial_id for t in plain.trials]  # the default stack's ids
+    assert len({t.trial_id for t in both.trials}) == 4 and both.trials[2].factors()["stack"] == "ray-serve"
+    with pytest.raises(SpecError, match="grid.stack"):
+        parse_spec({**base, "grid": {"cores": [1], "stack": ["vllm", "vllm"]}})
