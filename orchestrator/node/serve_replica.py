@@ -142,7 +142,8 @@ class ServeReplica(VllmReplica):
         self.frontend = trial.server.serve_frontend
         self.node_cpus = frozenset(os.sched_getaffinity(0))
         self.status_path, self.spec_path = self.workdir / "serve-status.json", self.workdir / "serve-spec.json"
-        self.temp_dir = Path(tempfile.gettempdir()) / f"cpusweep-serve-{port}"  # short: Ray's socket paths
+        tmp = Path(tempfile.gettempdir())  # Ray's socket paths under it must stay within 107 bytes
+        self.temp_dir = (tmp if len(str(tmp)) <= 24 else Path("/tmp")) / f"cpusweep-serve-{port}"
         self.resolved_args = [self.python, "-c", HOST_MAIN, str(self.spec_path)]
         self.frontend_restriction: Restriction | None = None
         self.config: dict[str, Any] | None = None

@@ -65,6 +65,10 @@ class Holder:
         return {"verification": v.as_dict(), "sets": self.r.process_sets(),
                 "titles": {str(pid): title for pid, (_, title, _) in table.items()}}
 
+    def repin(self, cores: list[int]) -> dict[str, Any]:
+        seconds = self.r.repin(frozenset(cores))
+        return {"seconds": seconds, "verification": self.r.verify().as_dict()}
+
     def stop(self) -> dict[str, Any]:
         return self.r.stop()
 
@@ -144,6 +148,16 @@ def test_ray_serve_replica_serves_is_verified_and_leaves_nothing(local_ray: None
         prompt = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("vllm:prompt_tokens_total{")]
         assert prompt and prompt[0] >= sum(r.prompt_tokens for r in run.records)
+
+        # Re-pinned live (start: repin), the whole tree moves, and still serves.
+        other = [c for c in NODE if c not in CORE][:1] or NODE[:1]
+        moved = ray.get(holder.repin.remote(other))
+        assert moved["verification"]["ok"] and set(moved["verification"]["summary"]) == {format_cpulist(set(other))}
+        back = ray.get(holder.repin.remote(sorted(CORE)))
+        assert back["verification"]["ok"] and set(back["verification"]["summary"]) == {format_cpulist(CORE)}
+        again = run_workload_sync(work.model_copy(update={"seed": 1}), base_url=up["base_url"], model="tiny",
+                                  tokenizer_path=str(Path(model_dir) / "tokenizer.json"))
+        assert all(r.status == "ok" for r in again.records) and again.records
     finally:
         report = ray.get(holder.stop.remote())
         ray.kill(holder)
