@@ -21,6 +21,8 @@ grouped as follows:
   agents and idle workers, the host, and the watchdog.
 
 TTFT percentiles pool every measured request of a stack; ``p50/window`` lists each window's own p50.
+``idle %`` is the CPU the stack's processes use with no request in flight (``--idle-s`` after the
+warm-up), in percent of one core.
 
     python benchmarks/serve_compare.py --windows 3 --csv serve.csv
 """
@@ -136,6 +138,12 @@ def run_stack(stack: str, a: argparse.Namespace, model_dir: Path, scratch: Path,
             groups = vllm_groups(replica)
         print(f"{stack}: healthy after {out['startup_s']:.1f} s; {out['verified']}", flush=True)
         window(replica, groups, spec.model_copy(update={"seed": spec.seed + 1000}), tokenizer)  # warm-up
+        if a.idle_s > 0:  # what the stack's processes use with no request in flight
+            idle = RoleAccounting(replica.pid, lambda: tree_pids(replica.pid)).start()
+            time.sleep(a.idle_s)
+            w = idle.stop()
+            out["idle_cpu_pct"] = 100 * sum(w.process_cpu_s.values()) / w.wall_s
+            print(f"{stack}: idle for {w.wall_s:.0f} s: {out['idle_cpu_pct']:.1f}% of a core", flush=True)
         for i in range(a.windows):
             w = window(replica, groups, spec, tokenizer)
             out["windows"].append(w)
@@ -154,7 +162,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     ttft = [t for w in ws for t in w["ttft"]]
     ok = sum(w["ok"] for w in ws)
     cpu = {g: sum(w["cpu"][g] for w in ws) / ok if ok else float("nan") for g in GROUPS}
-    return {"stack": res["stack"], "startup_s": res.get("startup_s", float("nan")), "windows": len(ws),
+    return {"stack": res["stack"], "startup_s": res.get("startup_s", float("nan")),
+            "idle_cpu_pct": res.get("idle_cpu_pct", float("nan")), "windows": len(ws),
             "requests": sum(w["requests"] for w in ws), "ok": ok,
             "ttft_p50_ms": metrics.percentile(ttft, 50) * 1e3, "ttft_p90_ms": metrics.percentile(ttft, 90) * 1e3,
             "p50_per_window_ms": ";".join(f"{metrics.percentile(w['ttft'], 50) * 1e3:.1f}" for w in ws),
@@ -163,13 +172,13 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = (f"{'stack':<18}{'start s':>8}{'ok/req':>8}{'p50 ms':>8}{'p90 ms':>8}  {'p50/window':<18}"
+    head = (f"{'stack':<18}{'start s':>8}{'idle %':>7}{'ok/req':>8}{'p50 ms':>8}{'p90 ms':>8}  {'p50/window':<18}"
             + "".join(f"{g:>11}" for g in GROUPS) + f"{'total':>9}")
     print("TTFT, and CPU ms per request of the stack's processes:")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['stack']:<18}{r['startup_s']:>8.1f}{str(r['ok']) + '/' + str(r['requests']):>8}"
+        print(f"{r['stack']:<18}{r['startup_s']:>8.1f}{r['idle_cpu_pct']:>7.1f}{str(r['ok']) + '/' + str(r['requests']):>8}"
               f"{r['ttft_p50_ms']:>8.1f}{r['ttft_p90_ms']:>8.1f}  {r['p50_per_window_ms']:<18}"
               + "".join(f"{r[f'cpu_ms_per_req_{g}']:>11.1f}" for g in GROUPS) + f"{r['cpu_ms_per_req_total']:>9.1f}")
 
@@ -184,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--window", type=float, default=120.0, help="longest a window may take, seconds")
+    ap.add_argument("--idle-s", type=float, default=30.0, help="after the warm-up, seconds with no request in which "
+                    "the stack's CPU is measured (0 = skip)")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--vllm-args", default="", help="engine flags for both stacks, e.g. '--enforce-eager'")
     ap.add_argument("--replica-core", type=int, default=None, help="the stacks' core; unset: the last core")
