@@ -96,9 +96,10 @@ def _time_use(timelines: list, sweep: str, uri: str) -> list[str]:
 
         from orchestrator.observe.tracking import log_sweep_metrics, mlflow_server_ok, parent_run
 
-        parent = parent_run(MlflowClient(uri), sweep) if mlflow_server_ok(uri) else None
+        client = MlflowClient(uri) if mlflow_server_ok(uri) else None
+        parent = parent_run(client, sweep) if client is not None else None
         if parent is not None:
-            log_sweep_metrics(MlflowClient(uri), parent.info.run_id, figures)
+            log_sweep_metrics(client, parent.info.run_id, figures)
     except Exception as exc:  # noqa: BLE001 (a figure about the run must not fail it)
         return [*describe_time_use(figures), f"warning: the time-use figures were not logged: {exc}"]
     return describe_time_use(figures)

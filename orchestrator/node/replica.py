@@ -233,6 +233,15 @@ class VllmReplica:
         """Launch the server, already restricted (the launcher restricts itself, then execs vLLM)."""
         if self.proc is not None:
             raise RuntimeError("replica already started")
+        self._prepare()
+        # The launcher restricts itself, the lifeline's prelude forks vLLM's watchdog, then vLLM is exec'd in
+        # place: restricted from the first instruction, and ended with its workers when this actor dies.
+        self.lifeline = Lifeline(grace_s=self.stop_grace_s)
+        cmd = self.restriction.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
+        self._launch(cmd, {**os.environ, **self.env_recorded})
+
+    def _prepare(self) -> None:
+        """The work and scratch folders, and the restriction's set-up (a cgroup under cpuset)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         for key in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):
             Path(self.env_recorded[key]).mkdir(parents=True, exist_ok=True)
@@ -241,18 +250,18 @@ class VllmReplica:
         except RestrictionError as exc:
             self.restriction.cleanup()
             raise ReplicaError(ErrorKind.INTERNAL, f"cannot set up {self.mode_used} restriction: {exc}") from None
-        # The launcher restricts itself, the lifeline's prelude forks vLLM's watchdog, then vLLM is exec'd in
-        # place: restricted from the first instruction, and ended with its workers when this actor dies.
-        self.lifeline = Lifeline(grace_s=self.stop_grace_s)
-        cmd = self.restriction.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
-        env = {**os.environ, **self.env_recorded}
+
+    def _launch(self, cmd: list[str], env: dict[str, str], header: str = "") -> None:
+        """Probe the caches for ``startup()``, write the launch header into the log, and start ``cmd``
+        in a session of its own under the lifeline made by the caller."""
+        assert self.lifeline is not None
         self._cache_before = compile_cache_entries(self.env_recorded["VLLM_CACHE_ROOT"])
         self._model_first_start = first_start(self.model_dir, self.scratch_dir / "model-starts")
         self.started_at, self.launched_wall = time.monotonic(), time.time()
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
             log.write(f"# launch: {json.dumps(cmd)}\n# restriction: {json.dumps(self.restriction.describe())}\n"
-                      f"# launched: {datetime.fromtimestamp(self.launched_wall).isoformat()}\n".encode())
+                      f"{header}# launched: {datetime.fromtimestamp(self.launched_wall).isoformat()}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(self.workdir), start_new_session=True,

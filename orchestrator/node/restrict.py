@@ -291,6 +291,14 @@ def tree_pids(root_pid: int) -> list[int]:
     return [root_pid] + [k.pid for k in kids]
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def thread_ids(pid: int) -> list[int]:
     try:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
@@ -493,4 +501,4 @@ def remove_stale(base: Path | None = None) -> list[str]:
 
 __all__ = ["CgroupLayout", "LAUNCHER", "MODES", "Mode", "Restriction", "RestrictionError", "Verification",
            "choose_mode", "detect_layout", "process_cgroup", "remove_stale", "repin", "set_tree_affinity",
-           "thread_cpus", "tree_pids", "verify_self", "verify_tree"]
+           "pid_alive", "thread_cpus", "tree_pids", "verify_self", "verify_tree"]

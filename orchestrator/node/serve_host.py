@@ -188,13 +188,9 @@ def pin_worker() -> None:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     if cpus := os.environ.get(CPUS_ENV):
-        want = parse_cpulist(cpus)
-        os.sched_setaffinity(0, want)
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), want)
-            except OSError:  # a thread that ended meanwhile
-                pass
+        from workloads.bare import pin  # the one pin-every-thread helper
+
+        pin(set(parse_cpulist(cpus)))
 
 
 # ---------------------------------------------------------------- the app (Ray Serve LLM, imported here only)

@@ -42,7 +42,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +52,10 @@ from orchestrator.control.net import http_ok
 from orchestrator.control.results import ErrorKind
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.replica import ReplicaError, VllmReplica, vllm_version
-from orchestrator.node.restrict import Restriction, RestrictionError, Verification, thread_cpus, thread_ids, tree_pids
+from orchestrator.node.restrict import Restriction, Verification, thread_cpus, thread_ids, tree_pids
 from orchestrator.node.serve_host import (CGROUP_ENV, CPUS_ENV, Role, engine_kwargs, host_spec, llm_config,
                                           process_sets, roots)
-from orchestrator.node.startup import compile_cache_entries, first_start, read_log
+from orchestrator.node.startup import read_log
 from orchestrator.plan.expand import TrialSpec
 
 # What a Ray worker inherits from the cluster it runs in; the serve host must start a Ray of its own.
@@ -181,14 +180,7 @@ class ServeReplica(VllmReplica):
             engine_kwargs(self.trial)
         except ValueError as exc:
             raise ReplicaError(ErrorKind.CONFIG, f"ray-serve: {exc}") from None
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        for key in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH"):
-            Path(self.env_recorded[key]).mkdir(parents=True, exist_ok=True)
-        try:
-            self.restriction.prepare()
-        except RestrictionError as exc:
-            self.restriction.cleanup()
-            raise ReplicaError(ErrorKind.INTERNAL, f"cannot set up {self.mode_used} restriction: {exc}") from None
+        self._prepare()
         inside = self.frontend == "inside"
         launcher = self.restriction if inside else Restriction(f"{self.restriction.name}-frontend", "affinity", fe_cpus)
         self.frontend_restriction = launcher
@@ -202,19 +194,8 @@ class ServeReplica(VllmReplica):
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # a crashed start's
         self.lifeline = Lifeline(grace_s=self.stop_grace_s)
         cmd = launcher.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
-        self._cache_before = compile_cache_entries(self.env_recorded["VLLM_CACHE_ROOT"])
-        self._model_first_start = first_start(self.model_dir, self.scratch_dir / "model-starts")
-        self.started_at, self.launched_wall = time.monotonic(), time.time()
-        with open(self.log_path, "ab") as log:
-            self._log_offset = log.tell()
-            log.write(f"# launch: {json.dumps(cmd)}\n# restriction: {json.dumps(self.restriction.describe())}\n"
-                      f"# serve frontend: {self.frontend} on {format_cpulist(fe_cpus)}\n"
-                      f"# launched: {datetime.fromtimestamp(self.launched_wall).isoformat()}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=host_env(os.environ, self.env_recorded), cwd=str(self.workdir),
-                                         start_new_session=True, pass_fds=self.lifeline.pass_fds)
-        self.lifeline.started()
+        self._launch(cmd, host_env(os.environ, self.env_recorded),
+                     header=f"# serve frontend: {self.frontend} on {format_cpulist(fe_cpus)}\n")
 
     def alive(self) -> bool:
         return super().alive() and self._status().get("state") != "failed"

@@ -11,14 +11,13 @@ import os
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from orchestrator.node.cores import format_cpulist
 from orchestrator.plan.models import build_shape
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, port_is_free
-from orchestrator.node.restrict import ROOT_NAME
+from orchestrator.node.restrict import ROOT_NAME, pid_alive
 from orchestrator.control.results import ErrorKind
 from orchestrator.node.startup import compile_cache_entries
 from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
@@ -50,17 +49,10 @@ def model_dir(scratch: Path) -> str:
     return str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def assert_nothing_left(r: VllmReplica, pids: set[int]) -> None:
     report = r.stop()
     assert report["leftover_pids"] == [] and report["port_free"] and report["cgroup_removed"], report
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if pid_alive(p)] == []
     assert port_is_free(r.port)
     assert not any(g.exists() for g in r.restriction.groups.values())
     assert not any(str(r.trial.trial_id) in str(p) for p in Path("/sys/fs/cgroup").glob(f"**/{ROOT_NAME}/*"))

@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-import psutil
 import pytest
 import ray
 
@@ -20,6 +19,7 @@ from orchestrator.control.net import free_port, port_is_free
 from orchestrator.control.services import ray_on_loopback
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError
+from orchestrator.node.restrict import pid_alive
 from orchestrator.node.serve_replica import ServeReplica
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.plan.models import build_shape
@@ -91,13 +91,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _post(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=60) as resp:
         return json.loads(resp.read())
@@ -164,7 +157,7 @@ def test_ray_serve_replica_serves_is_verified_and_leaves_nothing(local_ray: None
     print("stop:", json.dumps(report))
     assert report["leftover_pids"] == [] and report["serve_pids_left"] == [] and report["port_free"]
     assert report["teardown"] == {"app_deleted": True, "serve_shutdown": True, "ray_shutdown": True}
-    assert [pid for pid in pids if _alive(pid)] == []  # no Serve actor, no vLLM process, no Ray of its own
+    assert [pid for pid in pids if pid_alive(pid)] == []  # no Serve actor, no vLLM process, no Ray of its own
     assert port_is_free(int(up["params"]["port"]))
     assert (tmp_path / "w" / "serve.log").stat().st_size > 0 and (tmp_path / "w" / "vllm.log").stat().st_size > 0
 
@@ -181,4 +174,4 @@ def test_a_start_ray_serve_llm_refuses_raises_with_its_logs_and_leaves_nothing(l
     assert failed.get("kind") == "config", failed  # the trial's fault: never retried
     assert "no_such_engine_flag" in failed["message"] and "refused" in failed["log_tail"]
     assert report["leftover_pids"] == [] and report["exit_code"] == 2
-    assert [pid for pid in failed["pids"] if _alive(pid)] == []
+    assert [pid for pid in failed["pids"] if pid_alive(pid)] == []
