@@ -19,7 +19,7 @@ from orchestrator.control.trial import Trial, TrialState
 
 
 def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 0.10, tolerance: float = 0.10):
-    """Print the comparison (and the fresh-vs-repin calibration, when the sweep has both); return the table.
+    """Print the comparison (and each start mode against fresh, when the sweep has more than one); return it.
 
     Repeats are aggregated; a configuration whose repeats disagree by more than ``spread_warn`` at
     TTFT p50 is flagged in the table ("!") and named below it. ``tolerance``: the knee's (see
@@ -31,7 +31,7 @@ def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 
             console.print(f"  warning: {line}")
     calib = calibration(frame)
     if len(calib):
-        console.print("fresh vs re-pinned at the same cores (ratio = repin / fresh):")
+        console.print("start modes against fresh starts at the same cores (ratio = mode / fresh):")
         console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return table
 

@@ -33,7 +33,7 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +187,10 @@ class RayTrialExecutor:
         return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
 
     def lease_cores(self, trial: TrialSpec) -> int:
-        """The cores a trial's lease reserves: a repin group's largest count (its replica starts there)."""
-        return self.max_cores.get(replica_key(trial), trial.cores) if trial.start == "repin" else trial.cores
+        """The cores a trial's lease reserves: a repin or sized group's largest count (its replica starts there)."""
+        if trial.start == "fresh":
+            return trial.cores
+        return self.max_cores.get(replica_key(trial), trial.cores)  # repin, sized: the group's most
 
     def cancel(self) -> None:
         """The sweep is stopping: trials waiting for a node stop waiting."""
@@ -268,19 +270,21 @@ class RayTrialExecutor:
     def _allocate(self, trial: TrialSpec, lease: _Lease) -> CoreGrant:
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         lease.release_cores()  # a repinned replica gives back the previous trial's cores first
-        alloc = ray.get(lease.agent.allocate.remote(trial.trial_id, trial.cores, trial.client.cores,
+        cores = lease.cores if trial.start == "sized" else trial.cores  # sized: all of them to start on
+        alloc = ray.get(lease.agent.allocate.remote(trial.trial_id, cores, trial.client.cores,
                                                     trial.client.isolation, gpu_ids))
         if isinstance(alloc, NodeError):
             raise TrialFailure(ErrorKind(alloc.kind), alloc.message)
         lease.owners.append(trial.trial_id)
         return alloc
 
-    def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int]) -> ReplicaUp:
-        """Start the replica on ``cores``, or re-pin the warm one there. Returns what to record."""
+    def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int], sized_for: list[int] | None = None) -> ReplicaUp:
+        """Start the replica on ``cores`` (sized for, then pinned to, ``sized_for`` under ``start: sized``),
+        or re-pin the warm one there. Returns what to record."""
         fresh = not lease.started
         lease.windows = 0
         lease.mark("start" if fresh else "repin")
-        up = ray.get((lease.replica.start if fresh else lease.replica.repin).remote(cores))
+        up = ray.get(lease.replica.start.remote(cores, sized_for) if fresh else lease.replica.repin.remote(cores))
         if isinstance(up, NodeError):
             lease.mark("start_failed")
             raise TrialFailure(ErrorKind(up.kind), up.message)
@@ -289,9 +293,15 @@ class RayTrialExecutor:
         return up
 
     def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
-        shared = trial.start == "fresh" and lease.started  # a later window of a shared start
+        shared = trial.start != "repin" and lease.started  # a later window of a shared start
         alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
+        # sized: the replica starts on every allocated core and is pinned to the first trial.cores of them
+        # (the allocator's order: one NUMA node first); the window, its checks and accounting use those.
+        start_cores = alloc.replica
+        sized_for = list(alloc.replica[:trial.cores]) if trial.start == "sized" and not shared else None
+        if sized_for is not None:
+            alloc = replace(alloc, replica=sized_for)
         params: dict[str, Any] = {**lease.facts, **alloc.host, "replica_cpus": alloc.replica,
                                   "client_cpus": alloc.client, "client_isolated": alloc.client_isolated,
                                   "text_style": trial.factors()["text_style"], "api_servers": trial.api_servers}
@@ -300,7 +310,7 @@ class RayTrialExecutor:
             why = "client.isolation: share" if trial.client.isolation == "share" else "node too small"
             warnings.append(f"client shares cores with the replica ({why}): client {alloc.client}, "
                             f"replica {alloc.replica}")
-        up = lease.up if shared else self._bring_up(trial, lease, alloc.replica)
+        up = lease.up if shared else self._bring_up(trial, lease, start_cores, sized_for)
         lease.alloc, lease.up = alloc, up
         lease.windows += 1
         params.update(up.params)
@@ -376,7 +386,7 @@ class RayTrialExecutor:
         if fidelity is not None:
             metrics.update(fidelity.metrics)
             params["replay_fidelity"] = fidelity.diagnosis
-        if up.repin_s is not None:
+        if up.repin_s is not None and lease.windows == 1:
             metrics["repin_s"] = up.repin_s
         if lease.windows == 1 and not params.get("repinned"):  # the start this window followed
             metrics.update(up.startup)
@@ -424,7 +434,7 @@ class _Lane:
         tdir.mkdir(parents=True, exist_ok=True)
         (tdir / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
         repin = trial.start == "repin"
-        share = trial.protocol.share_start and trial.start == "fresh"
+        share = trial.protocol.share_start and trial.start != "repin"
         key = replica_key(trial)
         warm = self._warm
         if warm is not None and not ((repin and warm.key == key) or (share and warm.start_key == start_key(trial))):

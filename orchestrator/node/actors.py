@@ -29,6 +29,7 @@ from orchestrator.control import survivors
 from orchestrator.node.accounting import CoreAccounting
 from orchestrator.node.attribution import RoleAccounting
 from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
+from orchestrator.node.gpu_profile import GpuProfileCapture
 from orchestrator.node.hostfacts import host_facts
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
 from orchestrator.plan.expand import TrialSpec
@@ -144,6 +145,13 @@ def reset_prefix_cache(base_url: str, attempts: int = 20, wait_s: float = 0.25) 
     return False
 
 
+def profile_delay(trial: TrialSpec) -> float:
+    """When the GPU capture starts after the window opens: a quarter of the window (the load has ramped
+    up), at most 10 s, and early enough that the capture ends inside the window."""
+    window = trial.workload.max_duration_s
+    return max(0.0, min(10.0, window / 4, window - trial.telemetry.gpu_profile.seconds - 1.0))
+
+
 def _gpu_name() -> str:
     try:
         import pynvml
@@ -179,6 +187,7 @@ class ReplicaActor:
         self.side_accounting: CoreAccounting | None = None
         self.roles: RoleAccounting | None = None
         self.stacks: StackSampler | None = None
+        self.gpu_capture: GpuProfileCapture | None = None
         self._windows = 0
         self.before: Any = None
         self.tokenizer_path = ""
@@ -197,8 +206,11 @@ class ReplicaActor:
             return str(build_shape(m.shape, self.node_home / "models" / m.shape))
         return m.id
 
-    def start(self, cores: list[int]) -> ReplicaUp | NodeError:
-        """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data."""
+    def start(self, cores: list[int], sized_for: list[int] | None = None) -> ReplicaUp | NodeError:
+        """Start vLLM restricted to ``cores`` and wait until healthy; errors come back as data.
+
+        ``sized_for`` (``start: sized``): start on ``cores`` with thread pools sized for these, a subset,
+        and pin the healthy server to them; the pin's seconds come back as ``repin_s``."""
         model_dir = self.model_dir()
         try:  # before vLLM starts: a model without a usable tokenizer is the user's to fix
             self.tokenizer_path = tokenizer_file(model_dir)
@@ -209,7 +221,8 @@ class ReplicaActor:
         if self.trial.server.stack == "ray-serve":  # Ray Serve LLM on a Ray of its own, same interface
             from orchestrator.node.serve_replica import ServeReplica as cls
         replica = cls(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
-                      self.trial.restriction, scratch_dir=self.node_home / "scratch")
+                      self.trial.restriction, scratch_dir=self.node_home / "scratch",
+                      sized_for=frozenset(sized_for) if sized_for else None)
         with self._lock:  # either stop() comes first and nothing starts, or it sees the process to kill
             if self._stopped:
                 return NodeError("internal", "stopped before vLLM started")
@@ -226,10 +239,18 @@ class ReplicaActor:
             return NodeError(exc.kind.value, str(exc))
 
         phases = self.replica.startup()  # figures are metrics, cache states and sources are params
+        extra: dict[str, Any] = {}
+        pinned_s = None
+        if sized_for:
+            extra["sized_start_cpus"] = format_cpulist(replica.cores)
+            try:
+                pinned_s = replica.repin(frozenset(sized_for))
+            except ReplicaError as exc:
+                return NodeError(exc.kind.value, str(exc))
         return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
-                         params={**self.replica.params(), "repinned": False,
+                         params={**self.replica.params(), "repinned": False, **extra,
                                  **{k: v for k, v in phases.items() if isinstance(v, str)}},
-                         model_dir=model_dir,
+                         model_dir=model_dir, repin_s=pinned_s,
                          startup={k: float(v) for k, v in phases.items() if not isinstance(v, str)})
 
     def repin(self, cores: list[int]) -> ReplicaUp | NodeError:
@@ -293,6 +314,10 @@ class ReplicaActor:
         st = tel.stacks
         self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
                        if st.enabled else None)
+        gp = tel.gpu_profile
+        if gp.enabled and self.replica.profile_dir is not None:  # inside the window, once the load runs
+            self.gpu_capture = GpuProfileCapture(base_url=self.replica.base_url, trace_dir=self.replica.profile_dir,
+                                                 seconds=gp.seconds, delay_s=profile_delay(t)).start()
         return facts
 
     def end_window(self, requests: int | None = None) -> dict[str, Any]:
@@ -301,6 +326,11 @@ class ReplicaActor:
         assert self.replica is not None
         accounting = self.accounting.stop() if self.accounting else {}
         attribution, attribution_params = self._attribution(requests)
+        if self.gpu_capture is not None:
+            capture, self.gpu_capture = self.gpu_capture, None
+            profile, profile_params = capture.stop()
+            attribution.update(profile)
+            attribution_params.update(profile_params)
         rows = self.sampler.stop() if self.sampler else []
         alive = self.replica.alive()
         try:

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 
 from orchestrator.node.cores import format_cpulist, thread_env
+from orchestrator.node.gpu_profile import profiler_args
 from orchestrator.control.lifeline import Lifeline
 from orchestrator.control.net import free_port, http_ok, port_is_free
 from orchestrator.plan.expand import TrialSpec
@@ -114,6 +115,11 @@ def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str)
         cmd += ["--tensor-parallel-size", str(trial.gpus)]
         if not _has_flag(trial.vllm.args, "--compilation-config") and not _has_flag(trial.vllm.args, "-cc"):
             cmd += ["--compilation-config", MULTICAST_OFF_COMPILATION_CONFIG]
+    if trial.gpus > 0:  # start-up cuts (server.kv_cache_bytes, server.cudagraph_sizes); no CUDA on CPU
+        if s.kv_cache_bytes is not None:
+            cmd += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
+        if isinstance(s.cudagraph_sizes, tuple):
+            cmd += ["--cudagraph-capture-sizes", *(str(n) for n in s.cudagraph_sizes)]
     cmd.append("--enable-prompt-tokens-details")  # cached-token counts per response, for prefix-hit accounting
     return cmd + list(trial.vllm.args)
 
@@ -142,7 +148,11 @@ def omp_bind(cores: frozenset[int], mode: str) -> str:
 
 def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path, mode: str = "affinity",
                cache_root: str | Path | None = None) -> dict[str, str]:
-    """The environment added for the server (pure); recorded with the trial. ``trial.vllm.env`` wins."""
+    """The environment added for the server (pure); recorded with the trial. ``trial.vllm.env`` wins.
+
+    ``cores`` are the cores its threads will run on in the window: thread pools are sized for them,
+    also under ``start: sized``, where the server starts on more cores and is pinned to these before
+    the window."""
     env = thread_env(len(cores))
     env.update(scratch_paths(scratch_dir, cache_root))
     if trial.protocol.reset_prefix_cache or trial.start == "repin":
@@ -174,10 +184,14 @@ class VllmReplica:
 
     def __init__(self, trial: TrialSpec, model_dir: str, cores: frozenset[int], port: int, workdir: Path,
                  mode: str = "affinity", *, python: str | None = None, scratch_dir: str | Path | None = None,
-                 stop_grace_s: float = 20.0) -> None:
+                 stop_grace_s: float = 20.0, sized_for: frozenset[int] | None = None) -> None:
+        """``sized_for`` (``start: sized``): the cores the window will run on, a subset of ``cores``; the
+        server starts on ``cores`` with its thread pools sized for ``sized_for``, and ``repin(sized_for)``
+        follows once it is healthy."""
         self.trial = trial
         self.model_dir = str(model_dir)
         self.cores = frozenset(cores)
+        self.sized_for = frozenset(sized_for) if sized_for else None
         self.port = port
         self.workdir = Path(workdir)
         self.mode_requested = mode
@@ -186,7 +200,13 @@ class VllmReplica:
         self.scratch_dir = Path(scratch_dir or os.environ.get("CPUSWEEP_SCRATCH", Path.home() / ".cache" / "cpusweep"))
         self.stop_grace_s = stop_grace_s
         self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python)
-        self.env_recorded = server_env(trial, self.cores, self.scratch_dir, self.mode_used,
+        self.profile_dir: Path | None = None
+        if trial.telemetry.gpu_profile.enabled and trial.server.stack == "vllm":
+            self.profile_dir = self.workdir / "gpu-profile"  # vLLM's workers write their traces here
+            extra = profiler_args(self.profile_dir)
+            at = len(self.resolved_args) - len(trial.vllm.args)  # before the user's flags, which win
+            self.resolved_args[at:at] = extra
+        self.env_recorded = server_env(trial, self.sized_for or self.cores, self.scratch_dir, self.mode_used,
                                        os.environ.get("VLLM_CACHE_ROOT"))
         # One socket folder per live replica (ports are unique while it runs), removed by stop().
         self.rpc_dir = Path(self.env_recorded["VLLM_RPC_BASE_PATH"]) / str(port)

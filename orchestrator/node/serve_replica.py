@@ -135,9 +135,9 @@ class ServeReplica(VllmReplica):
 
     def __init__(self, trial: TrialSpec, model_dir: str, cores: frozenset[int], port: int, workdir: Path,
                  mode: str = "affinity", *, python: str | None = None, scratch_dir: str | Path | None = None,
-                 stop_grace_s: float = 30.0) -> None:
+                 stop_grace_s: float = 30.0, sized_for: frozenset[int] | None = None) -> None:
         super().__init__(trial, model_dir, cores, port, workdir, mode, python=python, scratch_dir=scratch_dir,
-                         stop_grace_s=stop_grace_s)
+                         stop_grace_s=stop_grace_s, sized_for=sized_for)
         self.frontend = trial.server.serve_frontend
         self.node_cpus = frozenset(os.sched_getaffinity(0))
         self.status_path, self.spec_path = self.workdir / "serve-status.json", self.workdir / "serve-spec.json"

@@ -159,16 +159,31 @@ def spread_warnings(table: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> li
 
 
 def calibration(df: pd.DataFrame) -> pd.DataFrame:
-    """Fresh against re-pinned at the same cores: TTFT p50/p90 of each and their ratio (repin / fresh)."""
-    keys = [c for c in GROUP if c in df and c != "start"] + ["cores"]
-    if df.empty or "start" not in df or set(df["start"]) != {"fresh", "repin"}:
+    """Each start mode against ``fresh`` at the same cores (repin: a live replica re-pinned down; sized: a
+    start on more cores with pools sized for these, then pinned): TTFT p50/p90 (median over repeats) of
+    both, their ratios (mode / fresh), the fresh repeats' p50 spread ((max - min) / median), and whether
+    both ratios lie within 10% and within that noise (``within_10pct``, ``within_noise``)."""
+    keys = [c for c in CONFIG if c in df and c != "start"] + ["cores"]
+    if df.empty or "start" not in df or "fresh" not in set(df["start"]) or len(set(df["start"])) < 2:
         return pd.DataFrame()
     ok = df[df["status"] == "COMPLETED"]
-    both = ok[ok["start"] == "fresh"].merge(ok[ok["start"] == "repin"], on=keys, suffixes=("_fresh", "_repin"))
-    out = both[keys + ["ttft_p50_s_fresh", "ttft_p50_s_repin", "ttft_p90_s_fresh", "ttft_p90_s_repin"]].copy()
-    out["p50_ratio"] = out["ttft_p50_s_repin"] / out["ttft_p50_s_fresh"]
-    out["p90_ratio"] = out["ttft_p90_s_repin"] / out["ttft_p90_s_fresh"]
-    return out
+    if ok.empty or "ttft_p50_s" not in ok:
+        return pd.DataFrame()
+    cols = [c for c in ("ttft_p50_s", "ttft_p90_s") if c in ok]
+    med = ok.groupby(keys + ["start"], dropna=False)[cols].median().reset_index()
+    spread = ok[ok["start"] == "fresh"].groupby(keys, dropna=False)["ttft_p50_s"].agg(
+        lambda x: (x.max() - x.min()) / x.median() if len(x) > 1 and x.median() > 0 else float("nan"))
+    fresh = med[med["start"] == "fresh"].drop(columns="start").merge(
+        spread.rename("fresh_p50_spread").reset_index(), on=keys, how="left")
+    out = med[med["start"] != "fresh"].merge(fresh, on=keys, suffixes=("", "_fresh"))
+    out["p50_ratio"] = out["ttft_p50_s"] / out["ttft_p50_s_fresh"]
+    out["p90_ratio"] = (out["ttft_p90_s"] / out["ttft_p90_s_fresh"]) if "ttft_p90_s" in out else float("nan")
+    worst = (out[["p50_ratio", "p90_ratio"]] - 1).abs().max(axis=1)
+    out["within_10pct"] = worst <= 0.10
+    out["within_noise"] = worst <= out["fresh_p50_spread"].fillna(0.0)
+    lead = keys + ["start", "ttft_p50_s_fresh", "ttft_p50_s", "ttft_p90_s_fresh", "ttft_p90_s"]
+    return out[[c for c in lead if c in out] + ["p50_ratio", "p90_ratio", "fresh_p50_spread", "within_10pct",
+                                                 "within_noise"]].reset_index(drop=True)
 
 
 def costs(df: pd.DataFrame, *, core_hour_usd: float, gpu_hour_usd: float) -> pd.DataFrame:

@@ -60,6 +60,7 @@ class Page:
     notes: Sequence[str] = ()
     missing: Sequence[str] = ()
     time_use: Sequence[str] = ()  # orchestrator.observe.windows.describe_time_use lines
+    start_modes: pd.DataFrame | None = None  # orchestrator.observe.report.calibration: each start mode vs fresh
 
 
 def _e(value: Any) -> str:
@@ -189,6 +190,18 @@ def _heatmap(page: Page) -> str:
             + _img(page.heatmap_png, "speedup heatmap") + _table(frame, left=["configuration"]))
 
 
+def _start_modes(page: Page) -> str:
+    frame = page.start_modes
+    if frame is None or frame.empty:
+        return ""
+    return ("<h2 id='start-modes'>Start modes against fresh starts</h2>"
+            "<p class='muted'>TTFT at the same cores after a re-pin (<i>repin</i>: one live replica moved down the core "
+            "counts, thread pools of its start) or a <i>sized</i> start (started on more cores with every pool sized "
+            "for these, then pinned) against a fresh start pinned from the beginning; the medians over repeats, "
+            "ratio = mode / fresh. <i>within_noise</i>: both ratios within the fresh repeats' own p50 spread.</p>"
+            + _table(frame))
+
+
 def render(page: Page) -> str:
     """The whole ``index.html``."""
     o = page.opts
@@ -209,7 +222,7 @@ def render(page: Page) -> str:
         head.append("<ul>" + "".join(f"<li class='bad'>{_e(n)}</li>" for n in page.notes) + "</ul>")
     if toc:
         head.append(f"<ul>{toc}</ul>")
-    body = [_heatmap(page), *(_section(s, o) for s in page.sections)]
+    body = [_heatmap(page), _start_modes(page), *(_section(s, o) for s in page.sections)]
     if page.missing:
         body.append(f"<p class='muted'>Not in this version of the orchestrator: {_e(', '.join(page.missing))}.</p>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

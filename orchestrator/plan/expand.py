@@ -123,11 +123,15 @@ def expand(spec: SweepSpec) -> SweepPlan:
         starts += [m for m in ("fresh", "repin") if m not in starts]
     trials = []
 
+    server = spec.server
+    if server.cudagraph_sizes == "match-load":  # resolved here, so the trial records the sizes it ran with
+        server = server.model_copy(update={"cudagraph_sizes": match_load_sizes(spec.workloads)})
+
     def server_for(stack: str) -> Any:
-        if stack == spec.server.stack:
-            return spec.server
-        return spec.server.model_copy(update={"stack": stack, "serve_frontend": "inside"}
-                                      if stack != "ray-serve" else {"stack": stack})
+        if stack == server.stack:
+            return server
+        return server.model_copy(update={"stack": stack, "serve_frontend": "inside"}
+                                 if stack != "ray-serve" else {"stack": stack})
 
     def trial(model, hw, gpus, variant, api_servers, stack, workload, start, restriction, repeat,
               cores) -> TrialSpec:
@@ -143,7 +147,7 @@ def expand(spec: SweepSpec) -> SweepPlan:
     ):
         base = (model, hw, gpus, variant, api_servers, stack)
         core_counts = _cores_for(start, g.start, g.cores, g.calibrate)
-        if spec.protocol.share_start and start == "fresh":
+        if spec.protocol.share_start and start != "repin":
             # One start per core count serves its windows: repeat-major, workloads alternating.
             for cores, repeat, workload in itertools.product(core_counts, range(spec.repeats), spec.workloads):
                 trials.append(trial(*base, workload, start, restriction, repeat, cores))
@@ -153,6 +157,21 @@ def expand(spec: SweepSpec) -> SweepPlan:
     if spec.protocol.order == "shuffled":
         trials = shuffled(trials, spec.protocol.seed)
     return SweepPlan(spec=spec, trials=tuple(trials))
+
+
+def in_flight(workload: Any) -> int:
+    """The most requests ``workload`` keeps in flight: its closed loop's concurrency, or a trace's max_in_flight."""
+    return int(getattr(workload, "concurrency", None) or workload.max_in_flight)
+
+
+def match_load_sizes(workloads: Any, cap: int = 512) -> tuple[int, ...]:
+    """CUDA-graph capture sizes for ``server.cudagraph_sizes: match-load`` (pure): vLLM's default pattern
+    (1, 2, 4, then every 8) cut at the most requests any workload keeps in flight, rounded up to 8 and at
+    most ``cap`` (vLLM's default largest size). A decode step of up to that many requests is padded to
+    the same size as under the default set, so it replays the same graph; only the larger (mixed
+    prefill) steps the default would also have captured run without one."""
+    top = min(cap, -(-max(in_flight(w) for w in workloads) // 8) * 8)
+    return tuple(s for s in (1, 2, 4, *range(8, cap + 1, 8)) if s <= top)
 
 
 def replica_key(trial: TrialSpec) -> str:

@@ -8,6 +8,7 @@ MLflow URI) live elsewhere (``orchestrator.settings``), never in a sweep.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -21,6 +22,19 @@ from workloads.spec import WorkloadSpec
 
 class SpecError(ValueError):
     """A sweep file that cannot be used; the message names the file and the field."""
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'16GiB', '800 MB', '1.5g', '4096' -> bytes (pure). Binary units are powers of 1024, decimal of 1000."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 16GiB, 800MB, 4096)")
+    return int(float(m.group(1)) * _UNITS[unit])
 
 
 class _Strict(BaseModel):
@@ -95,6 +109,19 @@ class ServerSpec(_Strict):
     startup_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="Deadline for /health to answer.")
     cpu_kvcache_gib: int = Field(default=1, ge=1, le=1024, description="VLLM_CPU_KVCACHE_SPACE on CPU nodes.")
     enable_prefix_caching: bool = Field(default=True, description="Prefix caching (agentic reuse depends on it).")
+    kv_cache_bytes: int | None = Field(
+        default=None, ge=1 << 20,
+        description="GPU only: the KV cache's size in bytes (or '16GiB', '800MB'), vLLM's --kv-cache-memory-bytes. "
+                    "The start then skips vLLM's memory measurement (the profiling forward pass still runs, it "
+                    "compiles the model), and every trial gets the same cache whatever else the GPU holds. Unset: "
+                    "vLLM sizes it from --gpu-memory-utilization. Part of a trial's identity when set.")
+    cudagraph_sizes: Literal["match-load"] | tuple[Annotated[int, Field(ge=1, le=65536)], ...] | None = Field(
+        default=None,
+        description="GPU only: the batch sizes (tokens per step) vLLM captures CUDA graphs for, its "
+                    "--cudagraph-capture-sizes. match-load: 1, 2, 4, 8, ... up to the largest number of requests "
+                    "the sweep's workloads keep in flight (their concurrency), so the start captures only the "
+                    "decode batches the load can make; larger steps run without a graph, as they do past vLLM's "
+                    "default largest size (512). Unset: vLLM's default set. Part of a trial's identity when set.")
 
     @field_validator("block_size")
     @classmethod
@@ -110,17 +137,34 @@ class ServerSpec(_Strict):
                              f"(stack is {self.stack})")
         return self
 
+    @field_validator("kv_cache_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v: Any) -> Any:
+        return parse_bytes(v) if isinstance(v, str) else v
+
+    @field_validator("cudagraph_sizes")
+    @classmethod
+    def _sizes(cls, v: Any) -> Any:
+        if isinstance(v, tuple):
+            if not v:
+                raise ValueError("give at least one size, or match-load, or leave it out")
+            return tuple(sorted(set(v)))
+        return v
+
     @model_serializer(mode="wrap")
     def _omit_default_frontend(self, handler: Any) -> dict[str, Any]:
-        # Left out at its default, so that the trials of every sweep written before it keep their ids.
+        # Left out at their defaults, so that the trials of every sweep written before them keep their ids.
         out = handler(self)
         if self.serve_frontend == "inside":
             out.pop("serve_frontend", None)
+        for name in ("kv_cache_bytes", "cudagraph_sizes"):
+            if getattr(self, name) is None:
+                out.pop(name, None)
         return out
 
 
 Restriction = Literal["cpuset", "affinity", "quota"]
-StartMode = Literal["fresh", "repin"]
+StartMode = Literal["fresh", "repin", "sized"]
 
 
 class ProtocolSpec(_Strict):
@@ -239,7 +283,12 @@ class Grid(_Strict):
     restriction: tuple[Restriction, ...] = Field(default=("affinity",), min_length=1,
                                                  description="How cores are enforced: cpuset, affinity or quota.")
     start: tuple[StartMode, ...] = Field(default=("fresh",), min_length=1,
-                                         description="fresh = restart pinned; repin = re-pin a live replica.")
+                                         description="fresh = start pinned to the trial's cores; repin = re-pin one "
+                                                     "live replica down the core counts (its thread pools keep their "
+                                                     "start size); sized = start on the group's largest core count "
+                                                     "with every thread pool sized for the trial's cores, then pin "
+                                                     "to them before the window (a start per trial, quicker at few "
+                                                     "cores).")
     vllm: tuple[VllmVariant, ...] = Field(default=(VllmVariant(name="default"),), min_length=1,
                                           description="Named vLLM flag variants.")
     api_servers: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(
