@@ -86,11 +86,11 @@ def write_sweep_report(spec: SweepSpec, home: Path, uri: str | None) -> str:
 
 def _time_use(timelines: list, sweep: str, uri: str) -> list[str]:
     """This run's share of replica-held time inside windows: logged to the sweep's run, and as lines to print."""
-    from orchestrator.observe.windows import describe_time_use, share_metrics, unit_shares
+    from orchestrator.observe.windows import between_leases, describe_time_use, share_metrics, unit_shares
 
     if not timelines:
         return []
-    figures = share_metrics(unit_shares(timelines))
+    figures = share_metrics(unit_shares(timelines), between_leases(timelines))
     try:
         from mlflow.tracking import MlflowClient
 

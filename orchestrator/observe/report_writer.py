@@ -118,6 +118,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         section, files = _section(i, key, rows, labels[key], opts, plot_dir, table)
         sections.append(section)
         written += files
+    (out_dir / "time_use.json").write_text(json.dumps(dict(data.time_use), indent=2, sort_keys=True), encoding="utf-8")
     (out_dir / "predictions.json").write_text(json.dumps(
         [_prediction_record(s) for s in sections], indent=2, default=str), encoding="utf-8")
     heat_png = None

@@ -140,15 +140,41 @@ def unit_shares(timelines: Iterable[LeaseTimeline]) -> dict[str, UnitShare]:
     return {u: UnitShare(u, n, held, phases) for u, (n, held, phases) in sorted(acc.items())}
 
 
-def share_metrics(shares: dict[str, UnitShare]) -> dict[str, float]:
+def between_leases(timelines: Iterable[LeaseTimeline]) -> dict[str, float]:
+    """Per unit, the seconds a node held by the sweep had no lease at all, between one lease's release
+    and the next lease's hold on that node (writing results, starting the next replica's actor,
+    reserving its placement group), weighted by the next lease's GPUs (or cores). A sweep that keeps
+    a node reserved pays for these too. Overlapping leases leave no gap."""
+    by_node: dict[str, list[LeaseTimeline]] = {}
+    for t in timelines:
+        by_node.setdefault(t.node, []).append(t)
+    out: dict[str, float] = {}
+    for leases in by_node.values():
+        leases.sort(key=lambda t: t.held_from)
+        free_from = leases[0].held_to
+        for t in leases[1:]:
+            if t.held_from > free_from:
+                out[t.unit] = out.get(t.unit, 0.0) + (t.held_from - free_from) * t.weight
+            free_from = max(free_from, t.held_to)
+    return out
+
+
+def share_metrics(shares: dict[str, UnitShare], between: dict[str, float] | None = None) -> dict[str, float]:
     """Flat figures for the sweep's run: ``<unit>_held_s``, ``<unit>_<phase>_s`` and ``<unit>_window_share``
-    (e.g. ``gpu_window_share``), each unit labelled, never added to another."""
+    (e.g. ``gpu_window_share``), each unit labelled, never added to another; with ``between``
+    (:func:`between_leases`) also ``<unit>_between_leases_s`` and ``<unit>_node_window_share``, the
+    window seconds over held plus between-lease seconds."""
     out: dict[str, float] = {}
     for u, s in shares.items():
         out[f"{u}_held_s"] = round(s.held, 3)
         out.update({f"{u}_{p}_s": round(v, 3) for p, v in s.phases.items()})
         if s.window_share is not None:
             out[f"{u}_window_share"] = round(s.window_share, 4)
+        if between is not None:
+            gap = between.get(u, 0.0)
+            out[f"{u}_between_leases_s"] = round(gap, 3)
+            if s.held + gap > 0:
+                out[f"{u}_node_window_share"] = round(s.phases["window"] / (s.held + gap), 4)
     return out
 
 
@@ -165,7 +191,12 @@ def describe_time_use(metrics: dict[str, float]) -> list[str]:
             continue
         rest = ", ".join(f"{p} {metrics.get(f'{unit}_{p}_s', 0.0) / held:.1%}" for p in PHASES if p != "window")
         share = metrics.get(f"{unit}_window_share", metrics.get(f"{unit}_window_s", 0.0) / held)
-        out.append(f"{what} time: {held:.0f} {sec}, {share:.1%} inside measurement windows ({rest})")
+        line = f"{what} time: {held:.0f} {sec}, {share:.1%} inside measurement windows ({rest})"
+        gap = metrics.get(f"{unit}_between_leases_s")
+        if gap is not None:
+            line += (f"; {gap:.0f} {sec} more between leases on the same node, "
+                     f"{metrics.get(f'{unit}_node_window_share', 0.0):.1%} inside windows counting them")
+        out.append(line)
     return out
 
 
@@ -199,6 +230,6 @@ def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpu
     return LeaseTimeline(lease, first, last, gpus, cores, tuple(sorted(spans, key=lambda s: s.start)), node)
 
 
-__all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "LeaseTimeline", "Span", "UnitShare", "describe_time_use",
+__all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "between_leases", "LeaseTimeline", "Span", "UnitShare", "describe_time_use",
            "lease_share",
            "phase_seconds", "share_metrics", "timeline_from_events", "unit_shares"]

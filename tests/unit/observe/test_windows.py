@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.observe.windows import (PHASES, LeaseTimeline, Span, lease_share, phase_seconds, share_metrics,
+from orchestrator.observe.windows import (PHASES, LeaseTimeline, Span, between_leases, lease_share, phase_seconds, share_metrics,
                                           timeline_from_events, unit_shares)
 
 A1 = timeline_from_events("a1", [("start", 0), ("ready", 200), ("warmup", 205), ("warmup_end", 215),
@@ -104,3 +104,21 @@ def test_time_use_lines_name_the_unit_and_the_phases() -> None:
     assert line.startswith("GPU-held time: 200 GPU-s, 25.0% inside measurement windows")
     assert "starting 60.0%" in line and "idle 5.0%" in line
     assert describe_time_use({}) == []
+
+
+def test_between_leases_counts_a_nodes_gaps_weighted_by_the_next_lease() -> None:
+    a = LeaseTimeline("a", 0.0, 100.0, gpus=1, node="n1", spans=(Span("window", 60.0, 90.0),))
+    b = LeaseTimeline("b", 104.0, 200.0, gpus=1, node="n1", spans=(Span("window", 150.0, 190.0),))
+    c = LeaseTimeline("c", 210.0, 300.0, gpus=2, node="n1")  # 10 s gap, 2 GPUs waiting
+    other = LeaseTimeline("o", 150.0, 160.0, gpus=1, node="n2")  # alone on its node: no gap
+    packed = LeaseTimeline("p", 50.0, 120.0, gpus=1, node="n3")
+    packed2 = LeaseTimeline("p2", 60.0, 130.0, gpus=1, node="n3")  # overlaps: no gap
+    gaps = between_leases([c, a, b, other, packed, packed2])
+    assert gaps == {"gpu": pytest.approx(4.0 + 20.0)}
+    figures = share_metrics(unit_shares([a, b]), between_leases([a, b]))
+    assert figures["gpu_between_leases_s"] == pytest.approx(4.0)
+    assert figures["gpu_node_window_share"] == pytest.approx(70.0 / 200.0)
+    from orchestrator.observe.windows import describe_time_use
+
+    assert "4 GPU-s more between leases" in describe_time_use(figures)[0]
+    assert between_leases([]) == {}
