@@ -277,8 +277,10 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
         else:
             loopback.enter_context(ray_on_loopback())
             guardian = Guardian()
-            ctx = ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                           configure_logging=False)
+            # address="local": always a Ray of our own, never a cluster someone else's `ray start` left on
+            # this machine (which a bare ray.init() would join).
+            ctx = ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                           log_to_driver=False, configure_logging=False)
             entries = [e for p in _ray_processes() if (e := survivors.entry_of("ray", p.pid, group=False))]
             guardian.watch(entries)
             for e in entries:
