@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from orchestrator.node.cores import format_cpulist, thread_env
-from orchestrator.node.gpu_profile import profiler_args
+from orchestrator.node.gpu_profile import profiler_launch
 from orchestrator.control.lifeline import Lifeline
 from orchestrator.control.net import free_port, http_ok, port_is_free
 from orchestrator.plan.expand import TrialSpec
@@ -201,13 +201,14 @@ class VllmReplica:
         self.stop_grace_s = stop_grace_s
         self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python)
         self.profile_dir: Path | None = None
+        profile_env: dict[str, str] = {}
         if trial.telemetry.gpu_profile.enabled and trial.server.stack == "vllm":
             self.profile_dir = self.workdir / "gpu-profile"  # vLLM's workers write their traces here
-            extra = profiler_args(self.profile_dir)
+            extra, profile_env = profiler_launch(self.profile_dir)  # flags or environment, by vLLM release
             at = len(self.resolved_args) - len(trial.vllm.args)  # before the user's flags, which win
             self.resolved_args[at:at] = extra
-        self.env_recorded = server_env(trial, self.sized_for or self.cores, self.scratch_dir, self.mode_used,
-                                       os.environ.get("VLLM_CACHE_ROOT"))
+        self.env_recorded = {**profile_env, **server_env(trial, self.sized_for or self.cores, self.scratch_dir,
+                                                         self.mode_used, os.environ.get("VLLM_CACHE_ROOT"))}
         # One socket folder per live replica (ports are unique while it runs), removed by stop().
         self.rpc_dir = Path(self.env_recorded["VLLM_RPC_BASE_PATH"]) / str(port)
         self.env_recorded["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
