@@ -43,7 +43,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.node.cores import format_cpulist
-from orchestrator.node.actors import BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
+from orchestrator.node.actors import profile_delay, BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
 from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
 from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
@@ -333,8 +333,13 @@ class RayTrialExecutor:
                 warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
                                                          "client_tokenize": "off"})
                 lease.mark("warmup")
+                # telemetry.gpu_profile: captured here, where the stall of vLLM's trace write costs no window
+                profiling = ray.get(lease.replica.begin_gpu_profile.remote(
+                    profile_delay(proto.warmup_s, trial.telemetry.gpu_profile.seconds)))
                 ray.get(workload.run.remote(warm.model_dump_json(), up.base_url, trial.model.name,
                                             up.tokenizer_path, trace))
+                if profiling:
+                    ray.get(lease.replica.end_gpu_profile.remote())
                 lease.mark("warmup_end")
             params["warmup_s"] = proto.warmup_s
 

@@ -145,11 +145,10 @@ def reset_prefix_cache(base_url: str, attempts: int = 20, wait_s: float = 0.25) 
     return False
 
 
-def profile_delay(trial: TrialSpec) -> float:
-    """When the GPU capture starts after the window opens: a quarter of the window (the load has ramped
-    up), at most 10 s, and early enough that the capture ends inside the window."""
-    window = trial.workload.max_duration_s
-    return max(0.0, min(10.0, window / 4, window - trial.telemetry.gpu_profile.seconds - 1.0))
+def profile_delay(run_s: float, capture_s: float) -> float:
+    """When the GPU capture starts after a run of ``run_s`` opens: a quarter in (the load has ramped up),
+    at most 10 s, and early enough that a ``capture_s`` capture ends inside the run."""
+    return max(0.0, min(10.0, run_s / 4, run_s - capture_s - 1.0))
 
 
 def _gpu_name() -> str:
@@ -188,6 +187,8 @@ class ReplicaActor:
         self.roles: RoleAccounting | None = None
         self.stacks: StackSampler | None = None
         self.gpu_capture: GpuProfileCapture | None = None
+        self._profiled: str | None = None  # where this start's GPU profile was captured: warmup, window
+        self._profile_result: tuple[dict[str, float], dict[str, str]] | None = None
         self._windows = 0
         self.before: Any = None
         self.tokenizer_path = ""
@@ -256,6 +257,7 @@ class ReplicaActor:
     def repin(self, cores: list[int]) -> ReplicaUp | NodeError:
         """Move the live replica to ``cores`` and empty its prefix cache, so the next trial starts cold."""
         assert self.replica is not None
+        self._profiled = None  # a profile per core count of a repin group
         try:
             seconds = self.replica.repin(frozenset(cores))
         except ReplicaError as exc:
@@ -314,11 +316,39 @@ class ReplicaActor:
         st = tel.stacks
         self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
                        if st.enabled else None)
-        gp = tel.gpu_profile
-        if gp.enabled and self.replica.profile_dir is not None:  # inside the window, once the load runs
-            self.gpu_capture = GpuProfileCapture(base_url=self.replica.base_url, trace_dir=self.replica.profile_dir,
-                                                 seconds=gp.seconds, delay_s=profile_delay(t)).start()
+        if self._profiled is None:  # no warm-up captured it: inside the window, once the load runs
+            self.begin_gpu_profile(profile_delay(t.workload.max_duration_s, t.telemetry.gpu_profile.seconds))
+            if self.gpu_capture is not None:
+                self._profiled = "window"
+        if self._profile_result is not None or self.gpu_capture is not None:  # this window carries it
+            facts["gpu_profile_in"] = self._profiled
         return facts
+
+    def begin_gpu_profile(self, delay_s: float) -> bool:
+        """Start the GPU profile's capture ``delay_s`` from now (``telemetry.gpu_profile``); False when off.
+
+        The executor calls it around the unmeasured warm-up when there is one: vLLM writes the trace
+        inside its engine loop at /stop_profile, which stalls every request for seconds, so a capture
+        inside the measured window would cost that window its TTFT."""
+        gp = self.trial.telemetry.gpu_profile
+        if not gp.enabled or self.replica is None or self.replica.profile_dir is None:
+            return False
+        self.gpu_capture = GpuProfileCapture(base_url=self.replica.base_url, trace_dir=self.replica.profile_dir,
+                                             seconds=gp.seconds, delay_s=delay_s).start()
+        return True
+
+    def end_gpu_profile(self) -> tuple[dict[str, float], dict[str, str]]:
+        """Finish the capture begun by :meth:`begin_gpu_profile`: (metrics, params), kept for the window's
+        figures; the next window of this start captures nothing more."""
+        capture, self.gpu_capture = self.gpu_capture, None
+        if capture is None:
+            return {}, {}
+        self._profile_result = capture.stop(timeout_s=self._profile_timeout())
+        self._profiled = "warmup"
+        return self._profile_result
+
+    def _profile_timeout(self) -> float:
+        return max(120.0, 10 * self.trial.telemetry.gpu_profile.seconds)
 
     def end_window(self, requests: int | None = None) -> dict[str, Any]:
         """Stop sampling and take the after-scrape; ``requests`` (sent in the window) makes the per-request
@@ -326,11 +356,13 @@ class ReplicaActor:
         assert self.replica is not None
         accounting = self.accounting.stop() if self.accounting else {}
         attribution, attribution_params = self._attribution(requests)
-        if self.gpu_capture is not None:
+        if self.gpu_capture is not None:  # captured in this window
             capture, self.gpu_capture = self.gpu_capture, None
-            profile, profile_params = capture.stop()
-            attribution.update(profile)
-            attribution_params.update(profile_params)
+            self._profile_result = capture.stop(timeout_s=self._profile_timeout())
+        if self._profile_result is not None:  # this window's capture, or the warm-up's before it
+            attribution.update(self._profile_result[0])
+            attribution_params.update(self._profile_result[1])
+            self._profile_result = None
         rows = self.sampler.stop() if self.sampler else []
         alive = self.replica.alive()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -157,3 +158,31 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(vllm_left, loc
         tdir = tmp_path / "trials" / r.trial_id / "attempt-1"
         checks = (tdir / "verified_cores.json").read_text()
         assert '"client_end"' in checks and (tdir / "bare.jsonl").stat().st_size > 0
+
+
+def test_sized_start_pins_before_the_window_and_captures_a_profile(vllm_left, local_ray, tmp_path):
+    """start: sized starts on the group's most cores with thread pools sized for the trial's, then pins
+    to them before the window; the window's checks see only the trial's cores. The GPU profile's path
+    runs too: on a CPU-only server it says there was no GPU activity and records the capture's size."""
+    base = _spec("sized", [1, 2], max_duration_s=20).model_dump(mode="json")
+    plan = expand(parse_spec({**base, "name": "it-sized", "protocol": {"warmup_s": 6},
+                              "telemetry": {"gpu_profile": {"enabled": True, "seconds": 2}}}))
+    t = plan.trials[0]
+    assert (t.start, t.cores) == ("sized", 1)
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    try:
+        r = ex.execute(t)
+    finally:
+        ex.close()
+    assert r.ok, r.message
+    assert vllm_left() == []
+    p, m = r.params, r.metrics
+    started_on, window_on = parse_cpulist(p["sized_start_cpus"]), parse_cpulist(p["replica_cpus"])
+    assert len(started_on) == 2 and len(window_on) == 1 and window_on < started_on
+    assert json.loads(p["server_env"])["OMP_NUM_THREADS"] == "1"
+    assert p["repinned"] == "False" and 0 <= m["repin_s"] < 5
+    assert m["startup_s"] > 0 and m["requests"] > 0
+    # captured in the unmeasured warm-up, where vLLM's trace write stalls no measured request
+    assert p["gpu_profile_in"] == "warmup"
+    assert "no GPU activity" in p["gpu_profile_status"], p["gpu_profile_status"]
+    assert m["gpu_profile_bytes"] > 0 and m["gpu_profile_steps"] > 0
