@@ -19,7 +19,8 @@ way: the median TTFT p50, the mean of the other figures). Columns it reads, each
 ``cores``: ``ttft_p50_s``, ``status``, ``timeout_rate``, ``server_ttft_s_mean``,
 ``server_frontend_s_mean``, ``replica_cpu_util_mean``, ``gpu<N>_util_mean``,
 ``server_num_requests_running_mean``, ``client_in_flight_mean`` (else ``workload_concurrency``),
-``api_servers`` and the CPU attribution ``cpu_s_per_req_<role>``. What is absent is left out of
+``api_servers``, the CPU attribution ``cpu_s_per_req_<role>`` and ``runq_wait_s_<role>``, and the GPU
+profile's ``gpu_profile_busy_frac`` and ``gpu_profile_gap_us_p99``. What is absent is left out of
 the evidence and the verdict says what it could not tell.
 """
 
@@ -39,6 +40,9 @@ SPARE_CPU = 50.0  # replica CPU busy percent below which it has cores to spare
 CPU_BUSY = 70.0  # replica CPU busy percent read as saturated
 GPU_BUSY = 80.0  # GPU busy percent read as the limit
 ATTRIBUTION = "cpu_s_per_req_"
+CPU_GROWS, CPU_GROWS_S = 1.2, 0.002  # CPU per request counts as grown past both: x1.2 and 2 ms
+WAIT = "runq_wait_s_"  # seconds a role was runnable but waiting for a core, per window
+GPU_PROFILE_BUSY, GPU_PROFILE_GAP = "gpu_profile_busy_frac", "gpu_profile_gap_us_p99"
 _GPU_UTIL = re.compile(r"^gpu\d+_util_mean$")
 _FIGURES = ["ttft_p50_s", "timeout_rate", "server_ttft_s_mean", "server_frontend_s_mean", "replica_cpu_util_mean",
             "server_num_requests_running_mean", "client_in_flight_mean", "workload_concurrency"]
@@ -67,7 +71,8 @@ def _points(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     """Per core count with a TTFT: the median TTFT p50 and the mean of every other figure; and the
     core counts without one (every trial failed, or none had an ok request)."""
     cols = [c for c in rows.columns
-            if c in _FIGURES or _GPU_UTIL.match(str(c)) or str(c).startswith(ATTRIBUTION)]
+            if c in _FIGURES or _GPU_UTIL.match(str(c)) or str(c).startswith((ATTRIBUTION, WAIT))
+            or c in (GPU_PROFILE_BUSY, GPU_PROFILE_GAP)]
     num = rows[cols].apply(pd.to_numeric, errors="coerce") if cols else pd.DataFrame(index=rows.index)
     num["cores"] = pd.to_numeric(rows["cores"], errors="coerce")
     if "ttft_p50_s" not in num:
@@ -112,22 +117,47 @@ def _why_failed(rows: pd.DataFrame, cores: list[int]) -> str:
     return f"{where} ({', '.join(kinds)})" if kinds else where
 
 
-def _attribution(lo: pd.Series, hi: pd.Series, ev: dict[str, float]) -> str:
-    """The CPU role whose seconds per request grow most from the most to the fewest cores, as a clause."""
+def _growth(lo: pd.Series, hi: pd.Series, prefix: str) -> list[tuple[float, str, float, float]]:
+    """(growth, column, at the most cores, at the fewest) of every ``prefix`` column, most grown first."""
     grown = []
     for col in lo.index:
-        if str(col).startswith(ATTRIBUTION):
+        if str(col).startswith(prefix):
             a, b = _get(hi, col), _get(lo, col)
             if a is not None and b is not None:
-                grown.append((b - a, col, a, b))
-    if not grown:
-        return ""
-    delta, col, a, b = max(grown)
-    if delta <= 0:
-        return ""
-    ev[f"{col}_hi"], ev[f"{col}_lo"] = a, b
-    return (f"; of the CPU time per request, {col[len(ATTRIBUTION):]} grows most "
-            f"({1000 * a:.1f} to {1000 * b:.1f} ms from {int(hi.name)} to {int(lo.name)} cores)")
+                grown.append((b - a, str(col), a, b))
+    return sorted(grown, reverse=True)
+
+
+def _attribution(lo: pd.Series, hi: pd.Series, ev: dict[str, float]) -> str:
+    """The mechanism behind the knee, as clauses: the CPU role (or category) whose seconds per request
+    grow most from the most to the fewest cores; the role whose wait for a core (run-queue wait)
+    grows most, which is what starvation grows when the work per request does not; and the GPU
+    profile's busy fraction and long kernel gaps at both ends, the device side of the same."""
+    lo_n, hi_n = int(lo.name), int(hi.name)
+    out = ""
+    cpu = next(iter(_growth(lo, hi, ATTRIBUTION)), None)
+    if cpu is not None and cpu[3] >= CPU_GROWS * cpu[2] and cpu[0] >= CPU_GROWS_S:
+        delta, col, a, b = cpu
+        ev[f"{col}_hi"], ev[f"{col}_lo"] = a, b
+        out += (f"; of the CPU time per request, {col[len(ATTRIBUTION):]} grows most "
+                f"({1000 * a:.1f} to {1000 * b:.1f} ms from {hi_n} to {lo_n} cores)")
+    elif cpu is not None:
+        out += f"; the CPU time per request grows by less than {_pct(CPU_GROWS - 1)} or {1000 * CPU_GROWS_S:.0f} ms"
+    waits = [w for w in _growth(lo, hi, WAIT)[:2] if w[0] > 0.05]  # the two roles whose wait for a core grows most
+    for _, col, a, b in waits:
+        ev[f"{col}_hi"], ev[f"{col}_lo"] = a, b
+    if waits:
+        who = " and ".join(f"the {c[len(WAIT):]} {b:.2f} s ({a:.2f} s at {hi_n})" for _, c, a, b in waits)
+        out += f"; waiting for a core per window at {_n(lo_n)}: {who}"
+    busy_lo, busy_hi = _get(lo, GPU_PROFILE_BUSY), _get(hi, GPU_PROFILE_BUSY)
+    if busy_lo is not None and busy_hi is not None:
+        ev["gpu_profile_busy_frac_lo"], ev["gpu_profile_busy_frac_hi"] = busy_lo, busy_hi
+        out += f"; the GPU was busy {_pct(busy_lo)} of the time at {_n(lo_n)} against {_pct(busy_hi)} at {hi_n}"
+        gap_lo, gap_hi = _get(lo, GPU_PROFILE_GAP), _get(hi, GPU_PROFILE_GAP)
+        if gap_lo is not None and gap_hi is not None:
+            ev["gpu_profile_gap_us_p99_lo"], ev["gpu_profile_gap_us_p99_hi"] = gap_lo, gap_hi
+            out += f" (kernel gaps p99 {gap_lo:.0f} against {gap_hi:.0f} us)"
+    return out
 
 
 def _knee(pts: pd.DataFrame, tolerance: float) -> int:

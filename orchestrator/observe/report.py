@@ -30,7 +30,7 @@ COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeout
            "crosscheck_comparable", "replica_cores_foreign_frac", "server_num_requests_running_mean",
            "client_in_flight_mean", "goodput_rps", "startup_s"]
 # Attribution (orchestrator.node.attribution, .stacks): one column per process role and category, as recorded
-ATTRIBUTION_PREFIXES = ("cpu_s_per_req_", "ctx_invol_", "ctx_vol_", "runq_wait_s_")
+ATTRIBUTION_PREFIXES = ("cpu_s_per_req_", "ctx_invol_", "ctx_vol_", "runq_wait_s_", "gpu_profile_")
 _MEDIANS = ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"]
 _SUMS = ["requests", "timeouts"]
 _MEANS = COLUMNS[COLUMNS.index("timeout_rate"):]

@@ -156,3 +156,19 @@ def test_bad_input_names_the_column():
     two = pd.concat([WORKED, WORKED.assign(gpus=2)])
     with pytest.raises(ValueError, match="column 'gpus' takes 1, 2"):
         diagnose(two)
+
+
+def test_the_growing_wait_and_the_gpu_side_explain_a_flat_cpu_cost():
+    """The H200 pattern: CPU work per request flat, the wait for a core and the GPU's idle gaps growing."""
+    df = frame((1, 0.60, 0.55, 0.10, 97.0, 40.0, 12.0, 16.0), (12, 0.24, 0.22, 0.07, 35.0, 72.0, 15.5, 16.0))
+    df["cpu_s_per_req_engine_core"] = [0.039, 0.039]
+    df["runq_wait_s_engine_core"] = [11.70, 0.0014]
+    df["runq_wait_s_api_server"] = [11.30, 0.0006]
+    df["gpu_profile_busy_frac"] = [0.71, 0.91]
+    df["gpu_profile_gap_us_p99"] = [71.1, 8.1]
+    d = diagnose(df)
+    assert "grows most" not in d.sentence and "the CPU time per request grows by less than 20%" in d.sentence
+    assert ("waiting for a core per window at 1 core: the engine_core 11.70 s (0.00 s at 12) and the api_server "
+            "11.30 s (0.00 s at 12)") in d.sentence
+    assert "the GPU was busy 71% of the time at 1 core against 91% at 12 (kernel gaps p99 71 against 8 us)" in d.sentence
+    assert d.evidence["runq_wait_s_engine_core_lo"] == 11.70 and d.evidence["gpu_profile_busy_frac_hi"] == 0.91
