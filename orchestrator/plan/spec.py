@@ -223,9 +223,15 @@ class StacksSpec(_Strict):
 
 
 class GpuProfileSpec(_Strict):
-    """GPU only: a short torch-profiler capture inside the window through vLLM's /start_profile and /stop_profile."""
+    """A short torch-profiler capture through vLLM's /start_profile and /stop_profile, reduced to the GPU's
+    busy fraction, kernel gaps and launch latency (orchestrator.node.gpu_profile).
 
-    enabled: bool = Field(default=False, description="Capture once per window (GPU trials only).")
+    vLLM writes the trace inside its engine loop at /stop_profile, which stalls every request for
+    seconds (4-5 s on an H200), so the capture runs in the unmeasured warm-up when there is one
+    (``protocol.warmup_s``), once per start; inside the window only on a GPU trial without a warm-up."""
+
+    enabled: bool = Field(default=False, description="Capture once per start (GPU trials; a CPU-only trial captures "
+                                                     "CPU ops only, and only in a warm-up).")
     seconds: float = Field(default=2.0, gt=0, le=60, description="Length of the capture.")
 
 
