@@ -316,12 +316,14 @@ class ReplicaActor:
         st = tel.stacks
         self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
                        if st.enabled else None)
-        if self._profiled is None and t.gpus > 0:  # no warm-up captured it: inside the window, once the load runs
-            self.begin_gpu_profile(profile_delay(t.workload.max_duration_s, t.telemetry.gpu_profile.seconds))
-            if self.gpu_capture is not None:
-                self._profiled = "window"
-        elif self._profiled is None and t.telemetry.gpu_profile.enabled:  # a CPU trial: no stall in a window
-            facts["gpu_profile_status"] = "not captured: a CPU-only trial captures only in a warm-up (protocol.warmup_s)"
+        if self._profiled is None and t.telemetry.gpu_profile.enabled:  # no warm-up captured it
+            if t.gpus > 0:  # inside the window, once the load runs
+                self.begin_gpu_profile(profile_delay(t.workload.max_duration_s, t.telemetry.gpu_profile.seconds))
+                if self.gpu_capture is not None:
+                    self._profiled = "window"
+            else:  # a CPU trial: never a stall inside a window
+                facts["gpu_profile_status"] = ("not captured: a CPU-only trial captures only in a warm-up "
+                                               "(protocol.warmup_s)")
         if self._profile_result is not None or self.gpu_capture is not None:  # this window carries it
             facts["gpu_profile_in"] = self._profiled
         return facts

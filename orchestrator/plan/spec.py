@@ -123,8 +123,9 @@ class ServerSpec(_Strict):
                     "decode batches the load can make; larger steps run without a graph, as they do past vLLM's "
                     "default largest size (512). Unset: vLLM's default set. Part of a trial's identity when set. "
                     "Measured on an H200 (8B, 16 sessions): 3-4 s less graph capture per start, but TTFT p50 "
-                    "15% higher at 12 cores, where steps that mix prefill and decode lost their graphs; so "
-                    "compare it with a fresh default start before trusting it (benchmarks/results/startup.md).")
+                    "15% higher at 12 cores (with kv_cache_bytes also set, so the two were not separated; "
+                    "likely the steps that mix prefill and decode losing their graphs); so compare it with a "
+                    "fresh default start before trusting it (benchmarks/results/startup.md).")
 
     @field_validator("block_size")
     @classmethod
