@@ -62,6 +62,15 @@ class WorkloadRun:
     sessions_started: int = 0
     sessions_unstarted: int = 0  # arrived after the window
     turns_unsent: int = 0  # after the window, or after a failed turn of their session
+    window_start_ns: int = 0  # the load's start and its window's nominal end (time.monotonic_ns)
+    window_end_ns: int = 0
+
+    def span_ns(self) -> tuple[int, int] | None:
+        """The span in which the window's requests ran: first send to last completion
+        (``time.monotonic_ns``, one clock for every process of a host); None without records."""
+        if not self.records:
+            return None
+        return min(r.sent_ns for r in self.records), max(r.end_ns for r in self.records)
 
 
 def strategy_for(spec: AnyWorkload) -> Strategy:
@@ -131,32 +140,51 @@ def frozen_setup() -> Iterator[None]:
             gc.unfreeze()
 
 
-def _prepare(spec: AnyWorkload, tokenizer_path: str) -> tuple[TextFactory, list[Session]]:
-    factory = TextFactory(load_tokenizer(tokenizer_path), style=getattr(spec, "text_style", "uniform"))
-    return factory, load_sessions(spec, factory)
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A workload ready to send: its text factory and sessions, built before the window opens.
 
-
-async def run_workload(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
-    """Replay ``spec`` against the OpenAI-compatible server at ``base_url`` serving ``model``.
-
-    Server failures are data (records with status timeout/error/cut); this raises only for
-    a bad spec or trace (``TraceError``, ``ValueError``) or a missing tokenizer file.
+    Why apart: building the word pool and parsing a trace take seconds of CPU; inside the span that
+    a trial's telemetry averages they would dilute every utilisation figure with idle server time.
     """
-    # Building the word pool and parsing a trace take seconds of CPU: off the event loop,
-    # so an async actor stays responsive, and outside the measured window.
-    factory, sessions = await asyncio.to_thread(_prepare, spec, tokenizer_path)
+
+    spec: AnyWorkload
+    factory: TextFactory
+    sessions: list[Session]
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """One load phase: the run (records not yet tokenized client-side) and the raw result it came from."""
+
+    run: WorkloadRun
+    result: LoadResult
+
+
+def prepare(spec: AnyWorkload, tokenizer_path: str) -> Prepared:
+    """Text factory and sessions for ``spec`` (seconds of CPU; call it before the measured window)."""
+    factory = TextFactory(load_tokenizer(tokenizer_path), style=getattr(spec, "text_style", "uniform"))
+    return Prepared(spec, factory, load_sessions(spec, factory))
+
+
+async def load(prepared: Prepared, *, base_url: str, model: str) -> Loaded:
+    """The load phase alone: send ``prepared``'s sessions for the window and return what happened.
+
+    ``client_tokenize: after`` is left to :func:`tokenize_after` (the records' client counts are the
+    loader's plan until then), so a caller can close its measured span as soon as the last request ends.
+    """
+    spec, factory, sessions = prepared.spec, prepared.factory, prepared.sessions
     strategy = strategy_for(spec)
     cores = len(os.sched_getaffinity(0))
     mode = spec.client_tokenize
-    count = token_counter(factory.tokenizer) if mode != "off" else None
+    count = token_counter(factory.tokenizer) if mode == "inflight" else None
     executor = (ThreadPoolExecutor(max_workers=cores, thread_name_prefix="client-tokenize")
                 if mode == "inflight" else None)
     with frozen_setup():  # entered before cpu0: its collection is set-up, not load
         cpu0, wall0 = time.process_time(), time.monotonic()
         try:
             async with StreamingClient(base_url, model, max_connections=strategy.slots,
-                                       count_tokens=count if mode == "inflight" else None,
-                                       executor=executor) as client:
+                                       count_tokens=count, executor=executor) as client:
                 generator = LoadGenerator(client, strategy, factory.render, keep_prompts=mode == "after")
                 result = await generator.run(sessions, window_s=spec.max_duration_s,
                                              timeout_s=spec.request_timeout_s, drain_s=spec.drain_s)
@@ -164,16 +192,37 @@ async def run_workload(spec: AnyWorkload, *, base_url: str, model: str, tokenize
             if executor is not None:
                 executor.shutdown(wait=True, cancel_futures=True)
         cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
-    records = result.records
-    if mode == "after" and count is not None:
-        # Outside the measured window and CPU time: one prompt at a time on one thread, so
-        # tokenize_ns is the single-core cost of that prompt, as a server frontend pays it.
-        records = await asyncio.to_thread(_tokenize_after, result, count)
-    return WorkloadRun(
-        records=records, client_cpu_s=cpu_s, wall_s=wall_s,
+    run = WorkloadRun(
+        records=result.records, client_cpu_s=cpu_s, wall_s=wall_s,
         warnings=diagnose(result, sessions, client_cpu_s=cpu_s, wall_s=wall_s, client_cores=cores),
         client_cores=cores, sessions_started=result.sessions_started,
-        sessions_unstarted=result.sessions_unstarted, turns_unsent=result.turns_unsent)
+        sessions_unstarted=result.sessions_unstarted, turns_unsent=result.turns_unsent,
+        window_start_ns=result.start_ns, window_end_ns=result.window_end_ns)
+    return Loaded(run, result)
+
+
+def tokenize_after(prepared: Prepared, loaded: Loaded) -> WorkloadRun:
+    """With ``client_tokenize: after``: the run with every record's client-side token count and cost.
+
+    One prompt at a time on one thread, outside the measured span and its CPU time, so
+    ``tokenize_ns`` is the single-core cost of that prompt, as a server frontend pays it."""
+    if prepared.spec.client_tokenize != "after":
+        return loaded.run
+    count = token_counter(prepared.factory.tokenizer)
+    return replace(loaded.run, records=_tokenize_after(loaded.result, count))
+
+
+async def run_workload(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
+    """Replay ``spec`` against the OpenAI-compatible server at ``base_url`` serving ``model``:
+    :func:`prepare`, :func:`load`, :func:`tokenize_after`, one after the other.
+
+    Server failures are data (records with status timeout/error/cut); this raises only for
+    a bad spec or trace (``TraceError``, ``ValueError``) or a missing tokenizer file.
+    """
+    # Off the event loop, so an async actor stays responsive, and outside the measured window.
+    prepared = await asyncio.to_thread(prepare, spec, tokenizer_path)
+    loaded = await load(prepared, base_url=base_url, model=model)
+    return await asyncio.to_thread(tokenize_after, prepared, loaded)
 
 
 def _tokenize_after(result: LoadResult, count: Callable[[str], int]) -> tuple[RequestRecord, ...]:
@@ -184,15 +233,26 @@ def _tokenize_after(result: LoadResult, count: Callable[[str], int]) -> tuple[Re
     return tuple(out)
 
 
-def run_workload_sync(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
-    """``run_workload`` in a fresh event loop (uvloop when installed: less CPU per request)."""
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: less CPU per request."""
     try:
         import uvloop
-        loop_factory = uvloop.new_event_loop
     except ImportError:
-        loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return None
+    return uvloop.new_event_loop
+
+
+def run_workload_sync(spec: AnyWorkload, *, base_url: str, model: str, tokenizer_path: str) -> WorkloadRun:
+    """``run_workload`` in a fresh event loop (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(run_workload(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path))
 
 
-__all__ = ["WorkloadRun", "diagnose", "frozen_setup", "run_workload", "run_workload_sync", "strategy_for"]
+def load_sync(prepared: Prepared, *, base_url: str, model: str) -> Loaded:
+    """:func:`load` in a fresh event loop (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(load(prepared, base_url=base_url, model=model))
+
+
+__all__ = ["Loaded", "Prepared", "WorkloadRun", "diagnose", "frozen_setup", "load", "load_sync", "prepare", "run_workload",
+           "run_workload_sync", "strategy_for", "tokenize_after"]

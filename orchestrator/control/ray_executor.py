@@ -30,35 +30,23 @@ is no longer wanted (repin, and :meth:`RayTrialExecutor.close`).
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.node.cores import format_cpulist
-from orchestrator.node.actors import profile_delay, BareRun, CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
+from orchestrator.control.measure import Window, WindowSequence, flat_params
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
-from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.control.results import ErrorKind, TrialFailure, TrialResult
+from orchestrator.node.actors import CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
 from orchestrator.observe.windows import timeline_from_events
-from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
-                                          sessions_of, summarize_trial)
-
-
-class TrialFailure(Exception):
-    def __init__(self, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-    def __reduce__(self):
-        return type(self), (self.kind, str(self))
+from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
@@ -169,6 +157,8 @@ class RayTrialExecutor:
         self._seq_lock = threading.Lock()
         self._traces: dict[str, tuple[str, Any]] = {}
         self.timelines: list[Any] = []  # one orchestrator.observe.windows.LeaseTimeline per closed lease
+        # Called with each step's name before it runs (orchestrator.control.measure.STEPS): fault tests kill there.
+        self.on_step: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ public
     def lane(self) -> "_Lane":
@@ -321,104 +311,18 @@ class RayTrialExecutor:
             params["start_shared_with"] = lease.owners[0]
         if params.get("repinned"):
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
-        checks = {"replica_start": ray.get(lease.replica.verify.remote())}
         workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
-        spec_json = trial.workload.model_dump_json()
-        trace = self._trace(trial)
-        bare: BareRun | NodeError | None = None
         try:
-            checks["client"] = ray.get(workload.pin.remote(alloc.client))
-            proto = trial.protocol
-            if proto.warmup_s > 0 and not shared:  # unmeasured: same load shape, other seed; reset below
-                warm = trial.workload.model_copy(update={"seed": trial.workload.seed + 1, "max_duration_s": proto.warmup_s,
-                                                         "client_tokenize": "off"})
-                lease.mark("warmup")
-                # telemetry.gpu_profile: captured here, where the stall of vLLM's trace write costs no window
-                profiling = ray.get(lease.replica.begin_gpu_profile.remote(
-                    profile_delay(proto.warmup_s, trial.telemetry.gpu_profile.seconds)))
-                ray.get(workload.run.remote(warm.model_dump_json(), up.base_url, trial.model.name,
-                                            up.tokenizer_path, trace))
-                if profiling:
-                    ray.get(lease.replica.end_gpu_profile.remote())
-                lease.mark("warmup_end")
-            params["warmup_s"] = proto.warmup_s
-
-            bare_load: dict[str, float] = {}  # other work on the replica's cores during the bare run
-
-            def cross_check() -> BareRun | NodeError:
-                # Same start state as the window: an empty prefix cache on the same warm server.
-                if not ray.get(lease.replica.reset_prefix_cache.remote()):
-                    return NodeError("internal", "the prefix cache could not be reset before the bare run")
-                ray.get(lease.replica.begin_side_accounting.remote())
-                lease.mark("crosscheck")
-                try:
-                    return ray.get(workload.bare.remote(spec_json, up.base_url, trial.model.name,
-                                                        up.tokenizer_path, _bare_timeout(trial), trace))
-                finally:
-                    lease.mark("crosscheck_end")
-                    bare_load.update(ray.get(lease.replica.end_side_accounting.remote()))
-
-            # Odd repeats run the bare client first, so an order effect between the two runs
-            # shows up as a difference between repeats instead of hiding in the ratio.
-            xcheck = proto.crosschecks(trial.cores)
-            bare_first = xcheck and trial.repeat % 2 == 1
-            if xcheck:
-                params["crosscheck_order"] = "bare-first" if bare_first else "harness-first"
-            if bare_first:
-                bare = cross_check()
-            params.update(ray.get(lease.replica.begin_window.remote(alloc.client, gpu_ids)))
-            lease.mark("window")
-            run = ray.get(workload.run.remote(spec_json, up.base_url, trial.model.name, up.tokenizer_path, trace))
-            lease.mark("window_end")
-            window = ray.get(lease.replica.end_window.remote(len(run.records)))
-            checks["client_end"] = ray.get(workload.verify.remote())
-            if xcheck and not bare_first and window["alive"]:
-                bare = cross_check()
+            window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=workload, up=up, alloc=alloc,
+                            gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark)
+            return WindowSequence(window, on_step=self.on_step).run(params, warnings, started)
         finally:
             ray.kill(workload)
-        if window["alive"]:
-            checks["replica_end"] = ray.get(lease.replica.verify.remote())
-        (tdir / "verified_cores.json").write_text(json.dumps(checks, indent=2))
-        warnings.extend(run.warnings)
-        if params.get("prefix_cache_reset") is False:
-            warnings.append("the prefix cache could not be reset before the window: it did not start empty")
-        metrics = summarize_trial(run, window["server"], window["rows"], slo=trial.slo)
-        metrics.update(window.get("accounting", {}))
-        metrics.update(window.get("attribution", {}))
-        params.update(window.get("attribution_params", {}))
-        fidelity = replay_fidelity_of(sessions_of(trial), run.records, window.get("block_size"),
-                                      metrics.get("prefix_hit_rate"))
-        if fidelity is not None:
-            metrics.update(fidelity.metrics)
-            params["replay_fidelity"] = fidelity.diagnosis
-        if up.repin_s is not None and lease.windows == 1:
-            metrics["repin_s"] = up.repin_s
-        if lease.windows == 1 and not params.get("repinned"):  # the start this window followed
-            metrics.update(up.startup)
-        if isinstance(bare, NodeError):
-            warnings.append(f"cross-check failed: {bare.message}")
-        elif bare is not None:
-            (tdir / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare.rows))
-            metrics.update(crosscheck_metrics(run.records, bare.rows))
-            metrics.update(crosscheck_load(metrics, bare_load))
-        warnings.extend(load_warnings(metrics))
-        status, kind, message = TrialStatus.COMPLETED, ErrorKind.NONE, ""
-        bad = [k for k, v in checks.items() if not v.get("ok", False)]
-        if not window["alive"]:
-            status, kind, message = TrialStatus.FAILED, ErrorKind.SERVER_DIED, "vLLM exited during the window"
-        elif bad:
-            status, kind = TrialStatus.FAILED, ErrorKind.RESTRICTION_VIOLATED
-            message = "threads outside their core set in: " + ", ".join(
-                f"{k} ({'; '.join(checks[k].get('violations', [])[:3])})" for k in bad)
-        return TrialResult(trial_id=trial.trial_id, status=status, error_kind=kind, message=message,
-                           records=tuple(run.records), metrics=metrics, params=_flat(params),
-                           warnings=tuple(warnings), artifacts_dir=str(tdir), telemetry=tuple(window["rows"]),
-                           started_at=started, ended_at=time.time())
 
     def _failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
                 started: float) -> TrialResult:
         (tdir / "error.txt").write_text(f"{kind.value}: {message}\n")
-        return TrialResult.failed(trial.trial_id, kind, message, params=_flat(facts), artifacts_dir=str(tdir),
+        return TrialResult.failed(trial.trial_id, kind, message, params=flat_params(facts), artifacts_dir=str(tdir),
                                   started_at=started, ended_at=time.time())
 
 
@@ -459,6 +363,8 @@ class _Lane:
                     ex.book.avoid(trial.trial_id, lease.node)
             return result
         except TrialFailure as exc:
+            if exc.kind is ErrorKind.SERVER_DIED and lease is not None:
+                ex.book.avoid(trial.trial_id, lease.node)
             return ex._failed(trial, tdir, exc.kind, str(exc), facts, started)
         except (RayActorError, ray.exceptions.NodeDiedError) as exc:
             # An exception in an actor's constructor is our bug, not a lost node: never retried.
@@ -486,12 +392,6 @@ class _Lane:
             self._warm = self._warm_dir = None
 
 
-def _bare_timeout(trial: TrialSpec) -> float:
-    """The bare run's own deadline: its window, every request's deadline after it, and start-up slack."""
-    w = trial.workload
-    return w.max_duration_s + w.request_timeout_s + 120.0
-
-
 def _last_line(text: str) -> str:
     """The informative end of a Ray traceback (the full text goes to the trial's artifacts)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("^")]
@@ -516,16 +416,6 @@ def _task_error_kind(cause: BaseException | None, traceback: str = "") -> ErrorK
     if isinstance(cause, ValueError) and "workloads/loaders/" in traceback:
         return ErrorKind.CONFIG
     return ErrorKind.INTERNAL
-
-
-def _flat(params: dict[str, Any]) -> dict[str, str]:
-    """MLflow params are strings; core sets use the Linux cpu-list form ("0-3,8") everywhere."""
-    out = {}
-    for k, v in params.items():
-        if isinstance(v, (list, tuple, set, frozenset)):
-            v = format_cpulist(v) if k.endswith("_cpus") else ",".join(str(x) for x in sorted(v))
-        out[k] = str(v)
-    return out
 
 
 __all__ = ["RayTrialExecutor", "bundle_for", "need_of", "replica_key"]

@@ -29,6 +29,17 @@ class ErrorKind(str, enum.Enum):
         return self in (ErrorKind.NODE_DIED, ErrorKind.SERVER_DIED, ErrorKind.STARTUP_TIMEOUT)
 
 
+class TrialFailure(Exception):
+    """Raised inside the executor to end a trial as ``FAILED`` with ``kind``; it becomes a TrialResult there."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self):
+        return type(self), (self.kind, str(self))
+
+
 class TrialStatus(str, enum.Enum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
@@ -60,4 +71,4 @@ class TrialResult:
         return cls(trial_id=trial_id, status=TrialStatus.FAILED, error_kind=kind, message=message, **kw)
 
 
-__all__ = ["ErrorKind", "TrialResult", "TrialStatus"]
+__all__ = ["ErrorKind", "TrialFailure", "TrialResult", "TrialStatus"]

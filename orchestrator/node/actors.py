@@ -36,7 +36,8 @@ from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids, verify_self
 from orchestrator.node.stacks import StackSampler, coverage
-from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
+from orchestrator.node.restrict import Verification
+from orchestrator.node.telemetry import TelemetrySampler, delta, rows_in_span, scrape
 
 
 # ---------------------------------------------------------------- what crosses the Ray boundary
@@ -76,9 +77,51 @@ class ReplicaUp:
 
 @dataclass(frozen=True)
 class BareRun:
-    """The bare client's per-request rows."""
+    """A reference client's per-request rows (the bare client, or ``vllm bench serve``)."""
 
     rows: list[dict[str, Any]]
+    client: str = "bare"
+
+
+@dataclass(frozen=True)
+class WindowSpan:
+    """Where a window's requests ran, on the host's monotonic clock (ns): first send to last completion,
+    and the window's nominal end (what ran after it is the drain)."""
+
+    start_ns: int
+    end_ns: int
+    window_end_ns: int
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """Whether the replica's server process still runs, and the end of its log when it does not."""
+
+    alive: bool
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    """What the replica actor measured over one window (``end_window``).
+
+    ``rows`` are every telemetry sample of the sampler's life (``t`` in seconds since it started);
+    ``span_rows`` only those inside the requests' span, which the window's means are taken over, so
+    the workload's set-up and its post-processing never dilute them. ``span`` records the span's
+    bounds beside the figures: ``window_span_s`` (first send to last completion), ``window_drain_s``
+    (of that, after the window's nominal end), ``accounting_s`` (what the CPU accounting and roles
+    covered: the span plus the calls around it) and ``telemetry_outside_span_s``.
+    """
+
+    server: dict[str, float]
+    rows: list[dict[str, Any]]
+    span_rows: list[dict[str, Any]]
+    alive: bool
+    block_size: int | None
+    accounting: dict[str, float] = field(default_factory=dict)
+    attribution: dict[str, float] = field(default_factory=dict)
+    attribution_params: dict[str, str] = field(default_factory=dict)
+    span: dict[str, float] = field(default_factory=dict)
 
 
 @ray.remote(num_cpus=0)
@@ -117,6 +160,21 @@ def core_agent(node_id: str) -> Any:
         name=f"cores-{node_id}", get_if_exists=True, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote()
+
+
+def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: float,
+                  span: WindowSpan) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The telemetry rows inside the requests' span, and the span's facts (pure).
+
+    ``started_at`` is the sampler's start on the monotonic clock (row ``t`` 0), ``sampled_s`` how long
+    it sampled. Returns (rows in the span, {``window_span_s``, ``window_drain_s``,
+    ``telemetry_outside_span_s``}): what the means are taken over, and how much sampled time was left out."""
+    t0 = span.start_ns / 1e9 - started_at
+    t1 = span.end_ns / 1e9 - started_at
+    facts = {"window_span_s": round(max(0.0, t1 - t0), 3),
+             "window_drain_s": round(max(0.0, (span.end_ns - span.window_end_ns) / 1e9), 3),
+             "telemetry_outside_span_s": round(max(0.0, sampled_s - max(0.0, t1 - t0)), 3)}
+    return rows_in_span(rows, t0, t1), facts
 
 
 def pin_process(cpus: list[int]) -> None:
@@ -190,6 +248,7 @@ class ReplicaActor:
         self._profiled: str | None = None  # where this start's GPU profile was captured: warmup, window
         self._profile_result: tuple[dict[str, float], dict[str, str]] | None = None
         self._windows = 0
+        self._accounting_from = 0.0
         self.before: Any = None
         self.tokenizer_path = ""
         self._lock = threading.Lock()
@@ -271,9 +330,21 @@ class ReplicaActor:
         return {f.name: f.read_bytes() for f in self.workdir.iterdir()
                 if f.is_file() and f.stat().st_size < 64 << 20}
 
-    def verify(self) -> dict[str, Any]:
+    def verify(self) -> Verification:
         assert self.replica is not None
-        return self.replica.verify().as_dict()
+        return self.replica.verify()
+
+    def status(self) -> ServerStatus:
+        """Is the server process still running? With the end of its log when it is not."""
+        if self.replica is None:
+            return ServerStatus(False, "no server was started")
+        if self.replica.alive():
+            return ServerStatus(True)
+        log = getattr(self.replica, "log_path", None)
+        tail = ""
+        if log is not None and Path(log).exists():
+            tail = Path(log).read_bytes()[-4000:].decode(errors="replace")
+        return ServerStatus(False, tail)
 
     def reset_prefix_cache(self) -> bool:
         assert self.replica is not None
@@ -311,6 +382,7 @@ class ReplicaActor:
                                         gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0)
         self.sampler.start()
         root = self.replica.pid
+        self._accounting_from = time.monotonic()
         self.accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
         self.roles = RoleAccounting(root, lambda: tree_pids(root)).start()
         st = tel.stacks
@@ -354,11 +426,13 @@ class ReplicaActor:
     def _profile_timeout(self) -> float:
         return max(120.0, 10 * self.trial.telemetry.gpu_profile.seconds)
 
-    def end_window(self, requests: int | None = None) -> dict[str, Any]:
+    def end_window(self, requests: int | None = None, span: WindowSpan | None = None) -> WindowFigures:
         """Stop sampling and take the after-scrape; ``requests`` (sent in the window) makes the per-request
-        CPU figures of the attribution."""
+        CPU figures of the attribution; ``span`` (the requests' first send to last completion) bounds the
+        samples the window's means are taken over."""
         assert self.replica is not None
         accounting = self.accounting.stop() if self.accounting else {}
+        accounted_s = time.monotonic() - self._accounting_from
         attribution, attribution_params = self._attribution(requests)
         if self.gpu_capture is not None:  # captured in this window
             capture, self.gpu_capture = self.gpu_capture, None
@@ -367,7 +441,12 @@ class ReplicaActor:
             attribution.update(self._profile_result[0])
             attribution_params.update(self._profile_result[1])
             self._profile_result = None
-        rows = self.sampler.stop() if self.sampler else []
+        sampler, self.sampler = self.sampler, None
+        rows = sampler.stop() if sampler else []
+        span_rows, span_facts = rows, {"accounting_s": round(accounted_s, 3)}
+        if span is not None and sampler is not None:
+            span_rows, facts = window_series(rows, sampler.started_at, sampler.sampled_s, span)
+            span_facts.update(facts)
         alive = self.replica.alive()
         try:
             after = scrape(self.replica.base_url) if alive else None
@@ -375,8 +454,9 @@ class ReplicaActor:
             after, alive = None, False
         server = delta(self.before, after) if self.before is not None and after is not None else {}
         block = self.before.block_size() if self.before is not None else None
-        return {"server": server, "rows": rows, "alive": alive, "block_size": block or self.trial.server.block_size,
-                "accounting": accounting, "attribution": attribution, "attribution_params": attribution_params}
+        return WindowFigures(server=server, rows=rows, span_rows=span_rows, alive=alive,
+                             block_size=block or self.trial.server.block_size, accounting=accounting,
+                             attribution=attribution, attribution_params=attribution_params, span=span_facts)
 
     def _attribution(self, requests: int | None) -> tuple[dict[str, float], dict[str, str]]:
         """CPU time per process role, and with ``telemetry.stacks`` the sampled stacks by category; the
@@ -440,15 +520,17 @@ class WorkloadActor:
 
     def __init__(self) -> None:
         self.cpus: frozenset[int] = frozenset()
+        self._prepared: Any = None  # workloads.runner.Prepared, built before the window
+        self._loaded: Any = None  # workloads.runner.Loaded, the window's load phase
 
-    def pin(self, cpus: list[int]) -> dict[str, Any]:
+    def pin(self, cpus: list[int]) -> Verification:
         pin_process(cpus)
         self.cpus = frozenset(cpus)
         return self.verify()
 
-    def verify(self) -> dict[str, Any]:
+    def verify(self) -> Verification:
         """Every thread of this process, against the client's cores (at the window's start and end)."""
-        return verify_self(self.cpus).as_dict()
+        return verify_self(self.cpus)
 
     def bare(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
              timeout_s: float, trace: tuple[str, Any] | None = None) -> BareRun | NodeError:
@@ -469,14 +551,43 @@ class WorkloadActor:
 
     def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
             trace: tuple[str, Any] | None = None) -> Any:
-        from pydantic import TypeAdapter
-
+        """Prepare, load and tokenize in one call (the unmeasured warm-up)."""
         from workloads import run_workload_sync
-        from workloads.spec import WorkloadSpec
 
-        spec = TypeAdapter(WorkloadSpec).validate_json(localize(workload_json, trace))
+        spec = _workload_spec(localize(workload_json, trace))
         return run_workload_sync(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path)
 
+    def prepare(self, workload_json: str, tokenizer_path: str, trace: tuple[str, Any] | None = None) -> int:
+        """Build the window's text and sessions now, before its span opens; returns the session count."""
+        from workloads.runner import prepare
 
-__all__ = ["BareRun", "CoreGrant", "NodeCoreAgent", "NodeError", "ReplicaActor", "ReplicaUp", "WorkloadActor",
-           "core_agent", "localize"]
+        self._prepared = prepare(_workload_spec(localize(workload_json, trace)), tokenizer_path)
+        self._loaded = None
+        return len(self._prepared.sessions)
+
+    def load(self, base_url: str, model: str) -> Any:
+        """The window's requests and nothing else (``prepare`` first); ``finish`` adds the client counts."""
+        from workloads.runner import load_sync
+
+        assert self._prepared is not None, "prepare() first"
+        self._loaded = load_sync(self._prepared, base_url=base_url, model=model)
+        return self._loaded.run
+
+    def finish(self) -> Any:
+        """The window's run with ``client_tokenize: after`` applied, outside the measured span."""
+        from workloads.runner import tokenize_after
+
+        assert self._prepared is not None and self._loaded is not None, "load() first"
+        return tokenize_after(self._prepared, self._loaded)
+
+
+def _workload_spec(workload_json: str) -> Any:
+    from pydantic import TypeAdapter
+
+    from workloads.spec import WorkloadSpec
+
+    return TypeAdapter(WorkloadSpec).validate_json(workload_json)
+
+
+__all__ = ["BareRun", "CoreGrant", "NodeCoreAgent", "NodeError", "ReplicaActor", "ReplicaUp", "ServerStatus", "WindowFigures",
+           "WindowSpan", "WorkloadActor", "core_agent", "localize", "window_series"]

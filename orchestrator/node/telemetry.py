@@ -346,6 +346,8 @@ class TelemetrySampler:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._t0 = 0.0
+        self._t_stop: float | None = None
+        self._started = False
         self.errors: dict[str, int] = defaultdict(int)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -358,6 +360,7 @@ class TelemetrySampler:
             self._gpu = self._gpu_arg  # type: ignore[assignment]
         self._cpu_percent()  # start the first CPU interval now, not at construction
         self._t0 = self._clock()
+        self._started = True
         self._stop.clear()
         self._threads = []
         if self.period > 0:
@@ -370,8 +373,21 @@ class TelemetrySampler:
             t.start()
         return self
 
+    @property
+    def started_at(self) -> float:
+        """When sampling started, on the sampler's clock (``time.monotonic`` unless injected): row ``t`` 0."""
+        return self._t0
+
+    @property
+    def sampled_s(self) -> float:
+        """Seconds from start to stop (to now while sampling)."""
+        end = self._t_stop if self._t_stop is not None else self._clock()
+        return max(0.0, end - self._t0)
+
     def stop(self) -> list[dict[str, Any]]:
         """Stop sampling (idempotent) and return every row so far, ordered by time."""
+        if self._t_stop is None and self._started:
+            self._t_stop = self._clock()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
@@ -393,6 +409,11 @@ class TelemetrySampler:
             return list(self._rows)
 
     # -- sampling ------------------------------------------------------------------------
+    def sample_now(self) -> None:
+        """Take one CPU/GPU sample now: what the sampling thread does every period (a test with a fake
+        clock and ``hz=0`` drives it by hand)."""
+        self._sample_host(self._clock() - self._t0)
+
     def _loop(self, sample: Callable[[float], None], period: float) -> None:
         next_at = self._clock() + period  # first sample one period in: CPU busy needs an interval
         while not self._stop.wait(max(0.0, next_at - self._clock())):
@@ -431,6 +452,30 @@ class TelemetrySampler:
         self._add(t, self._scraper(self.metrics_url).gauges())
 
 
+def rows_in_span(rows: Iterable[Mapping[str, Any]], t0: float, t1: float) -> list[dict[str, Any]]:
+    """The rows that describe time inside ``[t0, t1]`` (``t`` in the sampler's seconds).
+
+    A host sample (CPU, GPU) at ``t`` averages the sampling period that ends at ``t``, so it counts
+    when the middle of that period, ``t - period/2``, lies in the span; a ``/metrics`` gauge
+    (``server_*``) is a reading at ``t`` and counts when ``t`` does. The period of a series is the
+    smallest gap between its timestamps. So the workload's set-up before the span and its
+    post-processing after it (idle time for the server) never enter the window's means. A series
+    with no row inside (a span shorter than its period) keeps the rows that overlap the span."""
+    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_name[str(r["name"])].append(dict(r))
+    out: list[dict[str, Any]] = []
+    for name, series in by_name.items():
+        times = sorted(float(r["t"]) for r in series)
+        period = min((b - a for a, b in zip(times, times[1:]) if b > a), default=0.0)
+        lag = 0.0 if name.startswith("server_") else period / 2
+        inside = [r for r in series if t0 <= float(r["t"]) - lag <= t1]
+        if not inside:
+            inside = [r for r in series if t0 < float(r["t"]) and float(r["t"]) - 2 * lag < t1]
+        out.extend(inside)
+    return sorted(out, key=lambda r: float(r["t"]))
+
+
 def summarize_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """``<name>_mean`` and ``<name>_max`` of every series (NaN and None values skipped)."""
     by_name: dict[str, list[float]] = defaultdict(list)
@@ -450,4 +495,5 @@ def summarize_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 __all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
-           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "scrape", "summarize_series"]
+           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape",
+           "summarize_series"]

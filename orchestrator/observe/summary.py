@@ -61,14 +61,28 @@ def replay_fidelity_of(sessions: Sequence[Any] | None, records: Sequence[Any], b
                                     cachesim.ideal_after_prefill_hit_rate(requests, block_size))
 
 
-def crosscheck_metrics(records: Sequence[Any], bare_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """The harness's TTFT against the bare client's on the same workload and start state (``crosscheck_*``)."""
-    from workloads.bare import crosscheck_ratio
+def crosscheck_metrics(records: Sequence[Any], ref_rows: Iterable[Mapping[str, Any]],
+                       who: str = "bare") -> dict[str, float]:
+    """The harness's TTFT against a reference client's on the same workload and start state.
+
+    ``bare`` (the bare client): ``crosscheck_ttft_p{50,90}_ratio`` (harness / bare), both sides' p50
+    and p90 (``crosscheck_ttft_p50_harness_s``, ``crosscheck_ttft_p50_bare_s``, ...) and counts. Any
+    other reference (``vllm-bench``): ``crosscheck_vllm_bench_ttft_p{50,90}_ratio`` (harness / it), its
+    p50 and p90 (``crosscheck_vllm_bench_ttft_p50_s``) and its count."""
+    from workloads.bare import crosscheck_ratio, percentile
     from workloads.metrics import ttft_s
 
-    bare = [float(r["ttft_s"]) for r in bare_rows if r.get("status") == "ok" and r.get("ttft_s") is not None]
-    return {f"crosscheck_{k}": float(v) for k, v in crosscheck_ratio(ttft_s(records), bare).items()
-            if v is not None}
+    ref = [float(r["ttft_s"]) for r in ref_rows if r.get("status") == "ok" and r.get("ttft_s") is not None]
+    harness = ttft_s(records)
+    ratio = crosscheck_ratio(harness, ref)
+    if who == "bare":
+        ratio["ttft_p90_harness_s"], ratio["ttft_p90_bare_s"] = percentile(harness, 90), percentile(ref, 90)
+        return {f"crosscheck_{k}": float(v) for k, v in ratio.items() if v is not None}
+    name = "crosscheck_" + who.replace("-", "_")
+    out = {f"{name}_ttft_p50_ratio": ratio["ttft_p50_ratio"], f"{name}_ttft_p90_ratio": ratio["ttft_p90_ratio"],
+           f"{name}_ttft_p50_s": percentile(ref, 50), f"{name}_ttft_p90_s": percentile(ref, 90),
+           f"{name}_count": float(len(ref))}
+    return {k: float(v) for k, v in out.items() if v is not None}
 
 
 FOREIGN_WARN = 0.10  # other work's share of the replica's cores above which a window's TTFT is not the replica's alone

@@ -229,7 +229,7 @@ def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
 
 def _boundary_exceptions():
     from orchestrator.node.cores import CannotFit
-    from orchestrator.control.ray_executor import TrialFailure
+    from orchestrator.control.results import TrialFailure
     from orchestrator.node.replica import ReplicaError
     from orchestrator.node.restrict import RestrictionError
     from orchestrator.control.services import ServiceError
