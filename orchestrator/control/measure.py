@@ -148,7 +148,7 @@ class WindowSequence:
         params["warmup_s"] = proto.warmup_s
 
         refs = ["bare"] if proto.crosschecks(trial.cores) else []
-        refs += [r for r in getattr(proto, "crosscheck_clients", ()) if r != "bare" and refs]
+        refs += [r for r in proto.crosscheck_clients if r != "bare" and refs]
         order = order_of(refs, trial.repeat)
         if refs:
             params["crosscheck_order"] = order_label(order)
