@@ -156,6 +156,7 @@ class RayTrialExecutor:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._traces: dict[str, tuple[str, Any]] = {}
+        self._agents: dict[str, Any] = {}  # node id -> its core agent's handle, for the executor's life (_agent)
         self.timelines: list[Any] = []  # one orchestrator.observe.windows.LeaseTimeline per closed lease
         # Called with each step's name before it runs (orchestrator.control.measure.STEPS): fault tests kill there.
         self.on_step: Callable[[str], None] | None = None
@@ -187,9 +188,11 @@ class RayTrialExecutor:
         self.book.cancel()
 
     def close(self) -> None:
-        """Stop every lane's warm replica, if one is left. Safe to call more than once."""
+        """Stop every lane's warm replica, if one is left, then let the core agents go. Safe to call more than once."""
         for lane in self._lanes:
             lane.close()
+        with self._seq_lock:
+            self._agents.clear()  # the last handle of each: the agent ends with its bookkeeping
 
     def _trace(self, trial: TrialSpec) -> tuple[str, Any] | None:
         """The workload's trace file, through Ray's object store: ``(content hash, ObjectRef of its bytes)``.
@@ -205,6 +208,19 @@ class RayTrialExecutor:
                 data = Path(path).read_bytes()
                 self._traces[key] = (hashlib.sha256(data).hexdigest()[:16], ray.put(data))
             return self._traces[key]
+
+    def _agent(self, node_id: str) -> Any:
+        """The core agent of ``node_id``: one per node, created by this executor and kept until :meth:`close`.
+
+        An actor that is not detached lives as long as the handle that created it, and a handle Ray
+        gives back by name is weak. Kept on a lease, the creating handle went with the first lease on
+        the node and took the agent with it: a later lease's calls then failed as ``node_died`` (all
+        references to the actor were removed), and a lease after that made a new agent that knew
+        nothing of the cores its neighbours held."""
+        with self._seq_lock:
+            if node_id not in self._agents:
+                self._agents[node_id] = core_agent(node_id)
+            return self._agents[node_id]
 
     def _owner(self, trial: TrialSpec, attempt: int) -> str:
         with self._seq_lock:
@@ -247,7 +263,7 @@ class RayTrialExecutor:
                        timelines=self.timelines)
         try:
             lease.facts = ray.get(replica.node_facts.remote())
-            lease.agent = core_agent(lease.facts["node_id"])
+            lease.agent = self._agent(lease.facts["node_id"])
         except BaseException:
             ray.kill(replica)
             remove_placement_group(pg)

@@ -126,7 +126,7 @@ class WindowFigures:
 
 @ray.remote(num_cpus=0)
 class NodeCoreAgent:
-    """One per node (named ``cores-<node_id>``): the only owner of that node's core bookkeeping."""
+    """One per node and executor (:func:`core_agent`): the only owner of that node's core bookkeeping."""
 
     def __init__(self) -> None:
         self.topology = NodeTopology.detect()
@@ -153,11 +153,15 @@ class NodeCoreAgent:
 
 
 def core_agent(node_id: str) -> Any:
-    """The core agent of ``node_id``, created on that node the first time it is asked for."""
+    """A new core agent on ``node_id``; it lives as long as the handle returned, so the caller keeps
+    that handle for as long as it hands out cores on the node (the executor: one per node, until it closes).
+
+    Unnamed on purpose: a handle Ray gives back by name is weak (it does not keep the actor alive), so
+    an agent found by name could die under its user, and one named per node could clash with the
+    previous executor's agent while that one is still going away."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeCoreAgent.options(
-        name=f"cores-{node_id}", get_if_exists=True, lifetime=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote()
 

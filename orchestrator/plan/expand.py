@@ -20,7 +20,8 @@ from orchestrator.plan.spec import (ClientSpec, ModelSpec, ProtocolSpec, Restric
 from workloads.spec import WorkloadSpec
 
 
-IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn"}, "slo": True}
+IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn", "crosscheck_clients"},
+                                     "slo": True}
 
 
 class TrialSpec(BaseModel):

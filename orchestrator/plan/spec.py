@@ -205,6 +205,20 @@ class ProtocolSpec(_Strict):
                     "client (workloads.bare: one plain process, no Ray actor in the request path, no telemetry); "
                     "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts. "
                     "Odd repeats run the bare client before the window instead, so the order's effect is visible.")
+    crosscheck_clients: tuple[Literal["bare", "vllm-bench"], ...] = Field(
+        default=("bare",), min_length=1,
+        description="The reference clients of a cross-check, each from its own prefix-cache reset: 'bare' (the "
+                    "bare client, always run) and 'vllm-bench' (vLLM's own `vllm bench serve`, replaying the prompts "
+                    "the harness sent, turn-major, at the same concurrency and output lengths; a client nobody here "
+                    "wrote). With both, the order rotates over repeats: harness-bare-bench, bare-harness-bench, "
+                    "harness-bench-bare. Not part of trial_id: the harness window's place in the order is the same.")
+
+    @field_validator("crosscheck_clients")
+    @classmethod
+    def _bare_always(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if "bare" not in v:
+            raise ValueError("the bare client is always one of the references: list 'bare' too")
+        return tuple(dict.fromkeys(v))
 
     def crosschecks(self, cores: int) -> bool:
         return self.crosscheck is True or (isinstance(self.crosscheck, tuple) and cores in self.crosscheck)
@@ -350,7 +364,11 @@ class SweepSpec(_Strict):
         default=None,
         description="Optional SLOs (ttft_s, tpot_s); each trial then records goodput_rps, the ok requests per second "
                     "that met them. Not part of a trial's identity.")
-    repeats: int = Field(default=1, ge=1, le=100, description="Repeats of each combination.")
+    repeats: int = Field(
+        default_factory=lambda data: default_repeats(data["grid"].gpus) if "grid" in data else 1, ge=1, le=100,
+        description="Repeats of each combination. Left out: 3 when any trial has GPUs (a grid.gpus value above "
+                    "0), so a GPU sweep's tables show how far its repeats agree; 1 for a CPU-only sweep. A value "
+                    "given is kept as written (repeats: 1 stays 1). `repeats_given` tells the two apart.")
     max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure "
                                                                    "(on another node when there is one).")
     max_concurrent_trials: int | None = Field(
@@ -372,6 +390,29 @@ class SweepSpec(_Strict):
         if dup:
             raise ValueError(f"names must be unique, repeated: {dup}")
         return v
+
+    @property
+    def repeats_given(self) -> bool:
+        """Whether the spec set ``repeats``; when not, it is :func:`default_repeats` of the grid."""
+        return "repeats" in self.model_fields_set
+
+    @model_serializer(mode="wrap")
+    def _omit_default_repeats(self, handler: Any) -> dict[str, Any]:
+        # A repeat count the spec left out stays out, so a dumped spec parses back to the same spec, and
+        # one copied into a grid with other GPU counts takes that grid's default.
+        out = handler(self)
+        if not self.repeats_given:
+            out.pop("repeats", None)
+        return out
+
+
+GPU_REPEATS = 3  # a sweep with GPUs, unless it says otherwise: enough to see whether its repeats agree
+
+
+def default_repeats(gpus: Any) -> int:
+    """Repeats of a sweep that does not set ``repeats`` (pure): :data:`GPU_REPEATS` when any of ``gpus``
+    (the grid's GPU counts) is above 0, else 1, the default of CPU-only sweeps."""
+    return GPU_REPEATS if any(g > 0 for g in gpus) else 1
 
 
 def _locate(loc: tuple[Any, ...]) -> str:
@@ -412,11 +453,14 @@ def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _root_causes(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop a list's "too short" error that only repeats an item's own error: an invalid item is left out
-    before the length is checked, so a list whose only item is bad also reads as empty."""
+    before the length is checked, so a list whose only item is bad also reads as empty. Drop, too, the
+    error of a default that depends on other fields (``repeats``): pydantic gives it whenever any field
+    before it failed, so it only says that another error happened."""
     locs = [e["loc"] for e in errors]
     return [e for e in errors
-            if not (e["type"] == "too_short" and any(len(o) > len(e["loc"]) and o[:len(e["loc"])] == e["loc"]
-                                                     for o in locs))]
+            if e["type"] != "default_factory_not_called"
+            and not (e["type"] == "too_short" and any(len(o) > len(e["loc"]) and o[:len(e["loc"])] == e["loc"]
+                                                      for o in locs))]
 
 
 def parse_spec(data: Any, source: str = "<spec>", *, yaml_root: Any = None) -> SweepSpec:
@@ -479,5 +523,5 @@ def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
 
 
 __all__ = ["ClientSpec", "Grid", "HubModel", "ModelSpec", "ProtocolSpec", "ServerSpec", "ShapeModel", "SloSpec",
-           "SpecError", "TelemetrySpec",
+           "SpecError", "TelemetrySpec", "default_repeats",
            "SweepSpec", "VllmVariant", "load_spec", "parse_spec"]

@@ -190,3 +190,60 @@ def test_grid_stack_compares_serving_stacks_under_the_same_cores():
     assert len({t.trial_id for t in both.trials}) == 4 and both.trials[2].factors()["stack"] == "ray-serve"
     with pytest.raises(SpecError, match="grid.stack"):
         parse_spec({**base, "grid": {"cores": [1], "stack": ["vllm", "vllm"]}})
+
+
+def test_repeats_left_out_is_one_for_a_cpu_only_sweep():
+    spec = parse_spec(base())
+    assert spec.repeats == 1 and not spec.repeats_given
+    assert {t.repeat for t in expand(spec).trials} == {0}
+
+
+@pytest.mark.parametrize("gpus", [[1], [0, 1], [4, 8]])
+def test_repeats_left_out_is_three_when_any_trial_has_gpus(gpus):
+    spec = parse_spec(base(grid={"cores": [1, 2], "gpus": gpus}))
+    assert spec.repeats == 3 and not spec.repeats_given
+    plan = expand(spec)
+    assert len(plan) == 2 * len(gpus) * 3
+    assert {t.repeat for t in plan.trials} == {0, 1, 2}  # every trial, the CPU ones of a mixed grid too
+
+
+def test_repeats_given_is_kept_as_written_with_gpus():
+    grid = {"cores": [1, 2], "gpus": [1]}
+    one = parse_spec(base(grid=grid, repeats=1))
+    assert one.repeats == 1 and one.repeats_given
+    assert len(expand(one)) == 2
+    assert parse_spec(base(grid=grid, repeats=5)).repeats == 5
+    assert parse_spec(base(repeats=3)).repeats == 3  # and a CPU-only sweep may ask for more
+
+
+def test_default_repeats_only_add_trials():
+    """The default's repeats are trials added beside the ones an explicit ``repeats: 1`` plans: same ids."""
+    grid = {"cores": [1, 2], "gpus": [1]}
+    first = [t.trial_id for t in expand(parse_spec(base(grid=grid, repeats=1))).trials]
+    default = expand(parse_spec(base(grid=grid))).trials
+    assert [t.trial_id for t in default if t.repeat == 0] == first
+    assert len({t.trial_id for t in default}) == len(default) == 3 * len(first)
+
+
+def test_a_dumped_spec_keeps_repeats_left_out():
+    spec = parse_spec(base())
+    dumped = spec.model_dump(mode="json")
+    assert "repeats" not in dumped
+    again = parse_spec(dumped)
+    assert again == spec and not again.repeats_given
+    # copied into a grid with GPUs, it takes that grid's default
+    assert parse_spec({**dumped, "grid": {"cores": [1], "gpus": [1]}}).repeats == 3
+    assert parse_spec(base(repeats=1)).model_dump(mode="json")["repeats"] == 1
+
+
+def test_repeats_default_leaves_a_bad_grid_to_its_own_error():
+    with pytest.raises(SpecError) as err:
+        parse_spec(base(grid={"cores": [1], "gpus": [-1]}), "x.yaml")
+    assert "grid.gpus.0" in str(err.value) and "repeats" not in str(err.value)
+
+
+def test_committed_sweeps_keep_their_repeats():
+    """Every committed sweep says how often it repeats, so the GPU default adds no trial to any of them."""
+    for path in sorted((ROOT / "sweeps").glob("*.yaml")):
+        spec = load_spec(path)
+        assert spec.repeats_given, f"{path.name} leaves repeats out"

@@ -82,7 +82,7 @@ def test_new_server_fields_keep_old_trial_ids():
 
 
 def test_sized_start_reserves_the_groups_most_cores_and_sizes_pools_for_the_trial():
-    plan = expand(spec(grid={"start": ["fresh", "sized"]}))
+    plan = expand(spec(grid={"start": ["fresh", "sized"]}, repeats=1))  # one repeat: one trial per core count
     ex = RayTrialExecutor.__new__(RayTrialExecutor)  # lease_cores needs only the plan's group maxima
     ex.max_cores = {}
     from orchestrator.plan.expand import replica_key

