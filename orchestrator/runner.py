@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrator.control.controller import SweepController
 from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
-from orchestrator.observe.report import calibration, comparison, render, results_frame, spread_warnings
+from orchestrator.observe.report import calibration, comparison, references, render, results_frame, spread_warnings
 from orchestrator.control.results import TrialResult
 from orchestrator.plan.spec import SweepSpec
 from orchestrator.control.trial import Trial, TrialState
@@ -33,6 +33,15 @@ def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 
     if len(calib):
         console.print("start modes against fresh starts at the same cores (ratio = mode / fresh):")
         console.print(calib.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    refs = references(frame)
+    if len(refs):
+        console.print("the harness against the reference clients (TTFT s, medians over repeats; "
+                      "harness_vs_*: below 1 = the harness reads less):")
+        show = [c for c in ("cores", "repeats", "harness_p50_s", "bare_p50_s", "vllm_bench_p50_s", "harness_p90_s",
+                            "bare_p90_s", "vllm_bench_p90_s", "harness_vs_bare", "harness_vs_vllm_bench",
+                            "gpu0_util_mean") if c in refs]
+        console.print(refs[[c for c in ("workload",) if c in refs] + show].to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
     return table
 
 

@@ -165,6 +165,8 @@ class WindowSequence:
         assert run is not None and figures is not None
         if figures.alive:
             checks["replica_end"] = self._call("verify", w.replica.verify)
+            # a killed API server can still pass: its workers live on for the lifeline's grace period
+            self.server_alive_or_raise("verify")
         else:  # the window's records are kept: what the server served before it died is data too
             status = self.get(w.replica.status.remote())
             params["server_died_in"] = "window"
@@ -219,7 +221,7 @@ class WindowSequence:
                                  w.up.tokenizer_path, _reference_timeout(w.trial), w.trace)
             else:
                 out = self._call("crosscheck", w.workload.bench, w.up.base_url, w.trial.model.name,
-                                 w.up.tokenizer_path, _reference_timeout(w.trial))
+                                 w.up.model_dir or w.up.tokenizer_path, _reference_timeout(w.trial) + 300)
         finally:
             w.mark("crosscheck_end")
         load = self._call("crosscheck", w.replica.end_side_accounting)

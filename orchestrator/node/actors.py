@@ -327,7 +327,8 @@ class ReplicaActor:
             return NodeError(exc.kind.value, str(exc))
         # The prefix cache is emptied by begin_window, as for every window of a repin group.
         return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
-                         params={**self.replica.params(), "repinned": True}, repin_s=seconds)
+                         params={**self.replica.params(), "repinned": True}, repin_s=seconds,
+                         model_dir=str(Path(self.tokenizer_path).parent) if self.trial.model.kind == "shape" else "")
 
     def files(self) -> dict[str, bytes]:
         """The node-side files so far (the replica keeps running)."""
@@ -576,6 +577,30 @@ class WorkloadActor:
         assert self._prepared is not None, "prepare() first"
         self._loaded = load_sync(self._prepared, base_url=base_url, model=model)
         return self._loaded.run
+
+    def bench(self, base_url: str, model: str, model_dir: str, timeout_s: float) -> BareRun | NodeError:
+        """Replay the prompts the last window sent with vLLM's own ``vllm bench serve`` (``workloads.benchserve``),
+        turn-major at the window's concurrency, from a child process on this actor's cores; after ``load``."""
+        from workloads import benchserve
+        from workloads.runner import strategy_for
+
+        if self._prepared is None or self._loaded is None:
+            return NodeError("internal", "vllm bench serve replays a window's prompts: run the window first")
+        spec, result = self._prepared.spec, self._loaded.result
+        if spec.client_tokenize != "after":
+            return NodeError("internal", "vllm bench serve needs the window's prompts, kept only with "
+                                         "client_tokenize: after")
+        try:
+            items = benchserve.window_items(self._prepared.sessions, [r.request_id for r in result.records],
+                                            result.prompt)
+        except benchserve.BenchServeError as exc:
+            return NodeError("internal", f"vllm bench serve: {exc}")
+        with tempfile.TemporaryDirectory(prefix="benchserve-") as tmp:
+            out = benchserve.run_bench_serve(base_url, model, model_dir, items, strategy_for(spec).slots, tmp,
+                                             cpus=sorted(self.cpus), timeout_s=timeout_s)
+        if isinstance(out, benchserve.BenchServeFailure):
+            return NodeError("internal", f"vllm bench serve ({out.kind}): {out.message}"[-1200:])
+        return BareRun([dict(r) for r in out.rows], client="vllm-bench")
 
     def finish(self) -> Any:
         """The window's run with ``client_tokenize: after`` applied, outside the measured span."""

@@ -186,6 +186,52 @@ def calibration(df: pd.DataFrame) -> pd.DataFrame:
                                                  "within_noise"]].reset_index(drop=True)
 
 
+# Reference clients of the cross-check: name -> (TTFT p50 column, TTFT p90 column) in a trial's metrics
+REFERENCES = {"harness": ("crosscheck_ttft_p50_harness_s", "crosscheck_ttft_p90_harness_s"),
+              "bare": ("crosscheck_ttft_p50_bare_s", "crosscheck_ttft_p90_bare_s"),
+              "vllm_bench": ("crosscheck_vllm_bench_ttft_p50_s", "crosscheck_vllm_bench_ttft_p90_s")}
+
+
+def references(df: pd.DataFrame) -> pd.DataFrame:
+    """The harness against the clients nobody here wrote, per configuration and cores (pure).
+
+    For each of ``harness``, ``bare`` (the bare client) and ``vllm_bench`` (``vllm bench serve`` on the
+    prompts the harness sent): TTFT p50 and p90, each the median over the repeats that ran it, and the
+    spread of its p50 over repeats ((max - min) / median); ``harness_vs_bare`` and ``harness_vs_vllm_bench``,
+    the medians of the per-repeat p50 ratios; ``repeats``; and the window's GPU utilisation (median)."""
+    cols = [c for pair in REFERENCES.values() for c in pair]
+    if df.empty or "crosscheck_ttft_p50_bare_s" not in df:
+        return pd.DataFrame()
+    ok = df[(df["status"] == "COMPLETED") & df["crosscheck_ttft_p50_bare_s"].notna()].copy()
+    if ok.empty:
+        return pd.DataFrame()
+    for c in cols:
+        if c not in ok:
+            ok[c] = float("nan")
+    keys = [c for c in CONFIG if c in ok] + ["cores"]
+    ok["harness_vs_bare"] = ok["crosscheck_ttft_p50_harness_s"] / ok["crosscheck_ttft_p50_bare_s"]
+    ok["harness_vs_vllm_bench"] = ok["crosscheck_ttft_p50_harness_s"] / ok["crosscheck_vllm_bench_ttft_p50_s"]
+
+    def spread(x: pd.Series) -> float:
+        x = x.dropna()
+        return (x.max() - x.min()) / x.median() if len(x) > 1 and x.median() > 0 else float("nan")
+
+    agg: dict[str, Any] = {c: "median" for c in cols + ["harness_vs_bare", "harness_vs_vllm_bench"]}
+    if "gpu0_util_mean" in ok:
+        agg["gpu0_util_mean"] = "median"
+    grouped = ok.groupby(keys, dropna=False)
+    out = grouped.agg(agg)
+    for name, (p50, _) in REFERENCES.items():
+        out[f"{name}_p50_spread"] = grouped[p50].agg(spread)
+    out["repeats"] = grouped.size()
+    out = out.reset_index().rename(columns={c: f"{name}_{q}_s" for name, pair in REFERENCES.items()
+                                            for c, q in zip(pair, ("p50", "p90"))})
+    lead = keys + ["repeats"] + [f"{n}_{q}_s" for q in ("p50", "p90") for n in REFERENCES]
+    rest = ["harness_vs_bare", "harness_vs_vllm_bench"] + [f"{n}_p50_spread" for n in REFERENCES]
+    out = out[lead + rest + (["gpu0_util_mean"] if "gpu0_util_mean" in out else [])]
+    return out.dropna(axis=1, how="all").reset_index(drop=True)
+
+
 def costs(df: pd.DataFrame, *, core_hour_usd: float, gpu_hour_usd: float) -> pd.DataFrame:
     """The cost of cores against the cost of GPUs, per trial.
 

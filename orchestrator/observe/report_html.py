@@ -61,6 +61,7 @@ class Page:
     missing: Sequence[str] = ()
     time_use: Sequence[str] = ()  # orchestrator.observe.windows.describe_time_use lines
     start_modes: pd.DataFrame | None = None  # orchestrator.observe.report.calibration: each start mode vs fresh
+    references: pd.DataFrame | None = None  # orchestrator.observe.report.references: harness vs bare vs vllm bench
 
 
 def _e(value: Any) -> str:
@@ -202,6 +203,20 @@ def _start_modes(page: Page) -> str:
             + _table(frame))
 
 
+def _references(page: Page) -> str:
+    frame = page.references
+    if frame is None or frame.empty:
+        return ""
+    return ("<h2 id='references'>The harness against clients nobody here wrote</h2>"
+            "<p class='muted'>TTFT of the same window's workload, each run from a prefix-cache reset on the same "
+            "server: <i>harness</i> (the measured window), <i>bare</i> (the bare client: one plain process, no "
+            "actor, no telemetry) and <i>vllm_bench</i> (vLLM's own <code>vllm bench serve</code> replaying the "
+            "prompts the harness sent, turn-major, at the same concurrency and output lengths). Medians over "
+            "repeats; <i>harness_vs_*</i>: the median of the per-repeat p50 ratios (below 1: the harness reads "
+            "less TTFT); <i>*_p50_spread</i>: (max - min) / median over repeats. The order of the runs rotates "
+            "with the repeat (see each trial's <code>crosscheck_order</code>).</p>" + _table(frame))
+
+
 def render(page: Page) -> str:
     """The whole ``index.html``."""
     o = page.opts
@@ -222,7 +237,7 @@ def render(page: Page) -> str:
         head.append("<ul>" + "".join(f"<li class='bad'>{_e(n)}</li>" for n in page.notes) + "</ul>")
     if toc:
         head.append(f"<ul>{toc}</ul>")
-    body = [_heatmap(page), _start_modes(page), *(_section(s, o) for s in page.sections)]
+    body = [_heatmap(page), _start_modes(page), _references(page), *(_section(s, o) for s in page.sections)]
     if page.missing:
         body.append(f"<p class='muted'>Not in this version of the orchestrator: {_e(', '.join(page.missing))}.</p>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.observe import plots
-from orchestrator.observe.report import CONFIG, calibration, costs
+from orchestrator.observe.report import CONFIG, calibration, costs, references
 from orchestrator.observe.report_data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
 from orchestrator.observe.report_extras import extras_for, missing_sections
 from orchestrator.observe.report_html import Page, Section, render
@@ -37,7 +37,7 @@ from orchestrator.observe.report_tables import (ReportOptions, aggregated_table,
 
 log = logging.getLogger(__name__)
 CSVS = {"aggregated": "aggregated.csv", "trials": "trials.csv", "heatmap": "heatmap.csv",
-        "start modes": "start_modes.csv"}
+        "start modes": "start_modes.csv", "references": "references.csv"}
 _COST_COLUMNS = ["cores", "gpus", "ttft_p50_s", "request_throughput_rps", "hourly_usd", "core_share",
                  "usd_per_1k_requests"]
 
@@ -112,6 +112,8 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     heat.to_csv(csvs["heatmap"])
     modes = calibration(per_trial)
     modes.to_csv(csvs["start modes"], index=False)
+    refs = references(per_trial)
+    refs.to_csv(csvs["references"], index=False)
     labels = config_labels(table)
     sections, written = [], []
     for i, (key, rows) in enumerate(configurations(table)):
@@ -128,7 +130,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
                 heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({f})": f for n, f in CSVS.items()},
                 notes=data.notes, missing=missing_sections(), time_use=describe_time_use(dict(data.time_use)),
-                start_modes=modes)
+                start_modes=modes, references=refs)
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
     return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts)

@@ -261,3 +261,27 @@ def test_a_server_found_dead_at_any_step_is_server_died(tmp_path: Path, step: st
         seq.run({"window_on_start": 1}, [], 0.0)
     assert info.value.kind is ErrorKind.SERVER_DIED and info.value.kind.retryable
     assert f"during the {step}" in str(info.value) and "Killed" in str(info.value)  # the log's end
+
+
+def test_references_table_puts_the_three_clients_side_by_side_with_their_spread() -> None:
+    import pandas as pd
+
+    from orchestrator.observe.report import references
+
+    rows = []
+    for rep, (h, b, v) in enumerate([(0.50, 0.60, 0.62), (0.55, 0.58, 0.60), (0.52, 0.70, 0.64)]):
+        rows.append({"model": "m", "workload": "w", "start": "repin", "cores": 1, "repeat": rep, "status": "COMPLETED",
+                     "crosscheck_ttft_p50_harness_s": h, "crosscheck_ttft_p90_harness_s": 2 * h,
+                     "crosscheck_ttft_p50_bare_s": b, "crosscheck_ttft_p90_bare_s": 2 * b,
+                     "crosscheck_vllm_bench_ttft_p50_s": v, "crosscheck_vllm_bench_ttft_p90_s": 2 * v,
+                     "gpu0_util_mean": 70.0 + rep})
+    rows.append({**rows[0], "repeat": 3, "status": "FAILED"})  # a failed repeat is left out
+    out = references(pd.DataFrame(rows))
+    assert len(out) == 1
+    r = out.iloc[0]
+    assert r["repeats"] == 3 and r["harness_p50_s"] == pytest.approx(0.52) and r["bare_p50_s"] == pytest.approx(0.60)
+    assert r["vllm_bench_p50_s"] == pytest.approx(0.62) and r["vllm_bench_p90_s"] == pytest.approx(1.24)
+    assert r["harness_vs_bare"] == pytest.approx(0.50 / 0.60)  # the median of the per-repeat ratios (0.83, 0.95, 0.74)
+    assert r["bare_p50_spread"] == pytest.approx((0.70 - 0.58) / 0.60)
+    assert r["gpu0_util_mean"] == pytest.approx(71.0)
+    assert references(pd.DataFrame([{"status": "COMPLETED", "cores": 1}])).empty
