@@ -8,8 +8,9 @@ while pgrep -f "orchestrator.cli run" >/dev/null && [ $t -lt "$limit" ]; do slee
 grep -vE "^\s*$" /tmp/sweep.log | tail -40
 mkdir -p "$OUT"
 cp /tmp/sweep.log "$OUT/" 2>/dev/null
-cp /tmp/text_bench.txt /tmp/startup_compare.txt /tmp/startup_compare.csv /tmp/overhead.txt /tmp/overhead.csv \
+cp /tmp/nvml.log /tmp/text_bench.txt /tmp/startup_compare.txt /tmp/startup_compare.csv /tmp/overhead.txt /tmp/overhead.csv \
   "$OUT/" 2>/dev/null
+for d in "${ORCH_HOME:-/tmp/orch}"/reports/*/; do [ -d "$d" ] && mkdir -p "$OUT/reports" && cp -r "$d" "$OUT/reports/"; done 2>/dev/null
 cp "${ORCH_HOME:-/tmp/orch}"/reports/*.csv "$OUT/" 2>/dev/null
 tar -C "${ORCH_HOME:-/tmp/orch}" -czf "$OUT/orch-home.tgz" --exclude='node/scratch' --exclude='node/models' \
   --exclude='*.parquet.tmp' . 2>/dev/null

@@ -166,18 +166,22 @@ def core_agent(node_id: str) -> Any:
     ).remote()
 
 
-def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: float,
-                  span: WindowSpan) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: float, span: WindowSpan,
+                  wall_offset: float | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The telemetry rows inside the requests' span, and the span's facts (pure).
 
     ``started_at`` is the sampler's start on the monotonic clock (row ``t`` 0), ``sampled_s`` how long
     it sampled. Returns (rows in the span, {``window_span_s``, ``window_drain_s``,
-    ``telemetry_outside_span_s``}): what the means are taken over, and how much sampled time was left out."""
+    ``telemetry_outside_span_s``}): what the means are taken over, and how much sampled time was left out;
+    with ``wall_offset`` (``time.time() - time.monotonic()``) also the span's bounds in Unix seconds."""
     t0 = span.start_ns / 1e9 - started_at
     t1 = span.end_ns / 1e9 - started_at
     facts = {"window_span_s": round(max(0.0, t1 - t0), 3),
              "window_drain_s": round(max(0.0, (span.end_ns - span.window_end_ns) / 1e9), 3),
              "telemetry_outside_span_s": round(max(0.0, sampled_s - max(0.0, t1 - t0)), 3)}
+    if wall_offset is not None:  # the span on the wall clock, to line it up with samplers of other tools
+        facts["window_span_start_unix"] = round(span.start_ns / 1e9 + wall_offset, 3)
+        facts["window_span_end_unix"] = round(span.end_ns / 1e9 + wall_offset, 3)
     return rows_in_span(rows, t0, t1), facts
 
 
@@ -450,7 +454,8 @@ class ReplicaActor:
         rows = sampler.stop() if sampler else []
         span_rows, span_facts = rows, {"accounting_s": round(accounted_s, 3)}
         if span is not None and sampler is not None:
-            span_rows, facts = window_series(rows, sampler.started_at, sampler.sampled_s, span)
+            span_rows, facts = window_series(rows, sampler.started_at, sampler.sampled_s, span,
+                                             wall_offset=time.time() - time.monotonic())
             span_facts.update(facts)
         alive = self.replica.alive()
         try:
