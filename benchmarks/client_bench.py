@@ -22,9 +22,17 @@ Sections:
      the client core; CPU per 1000 requests comes from ``getrusage(RUSAGE_CHILDREN)`` minus
      a 1-request run (start-up), and completed requests are counted by the server;
   5. client-side tokenization time per 1k tokens at 1k..64k-token contexts on one core, for
-     Qwen3 and, if its file is given (``--llama3`` or LLAMA3_TOKENIZER_JSON), Llama 3.
+     Qwen3 and, if its file is given (``--llama3`` or LLAMA3_TOKENIZER_JSON), Llama 3;
+  6. ``--agentic`` (runs only this): the H200 agentic load whose every trial warned of dispatch
+     lag (sweeps/h200-long-context.yaml: 16 sessions in flight, contexts growing to ~23k tokens of
+     the agent-mix text, 48-token answers) against the server paced like a GPU server: a TTFT
+     of 300-700 ms, then one event per token every 10-20 ms, usage on every chunk, to
+     ``/v1/completions`` and ``/v1/chat/completions`` (the same text as message lists). Per
+     window: dispatch lag p50/p99/max of all requests, of first turns and of later turns, the
+     part of each lag the client's thread was on a CPU (the rest is other processes on its
+     core: this machine is shared), and the warnings ``runner.diagnose`` gives.
 
-Run: ``python benchmarks/client_bench.py [--compare ours vllm guidellm aiperf] [--ttft-only]``.
+Run: ``python benchmarks/client_bench.py [--compare ours vllm guidellm aiperf] [--ttft-only] [--agentic]``.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import random
 import re
 import resource
 import statistics
@@ -48,12 +57,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported: one core, one thread
 
+from tokenizers import Tokenizer  # noqa: E402
+
 from workloads import metrics  # noqa: E402
 from workloads.client import StreamingClient  # noqa: E402
 from workloads.loadgen import ClosedLoop, LoadGenerator, OpenLoop  # noqa: E402
-from workloads.runner import frozen_setup  # noqa: E402
-from workloads.text import TextFactory, bundled_tokenizer_path, load_tokenizer, token_counter  # noqa: E402
-from workloads.trace import Block, Session, Turn  # noqa: E402
+from workloads.loaders import generate_agentic  # noqa: E402
+from workloads.protocols import MonotonicClock  # noqa: E402
+from workloads.runner import diagnose, frozen_setup  # noqa: E402
+from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
+from workloads.text import TEXT_STYLES, TextFactory, bundled_tokenizer_path, load_tokenizer, token_counter  # noqa: E402
+from workloads.trace import Block, Message, Session, Turn  # noqa: E402
 
 # --- the server ----------------------------------------------------------------------------
 
@@ -89,11 +103,14 @@ def _sse(n_tokens: int) -> bytes:
 class _Http(asyncio.Protocol):
     """Minimal keep-alive HTTP/1.1: headers + Content-Length body in, a cached answer out.
     GET (model list, health) gets the model list; POST gets a stream of max_tokens events.
-    ``GET /stamps`` returns, and forgets, {tag: [read_ns, first_write_ns]} of tagged POSTs."""
+    ``GET /stamps`` returns, and forgets, {tag: [read_ns, first_write_ns]} of tagged POSTs.
+    With ``paced`` set, a POST is answered like a GPU server instead (``_paced``)."""
 
     cache: dict[int, bytes] = {}
     served = None  # mp.Value: completed POSTs, counted server-side for tool-agnostic figures
     stamps: dict[str, tuple[int, int]] = {}
+    paced: tuple[float, float, float, float] | None = None  # TTFT lo, hi, inter-token lo, hi (s)
+    tasks: set[asyncio.Task] = set()  # paced streams in progress (the loop keeps only weak references)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -119,6 +136,12 @@ class _Http(asyncio.Protocol):
                 continue
             m = _MAX_TOKENS.search(body)
             n = int(m.group(1)) if m else 16
+            if self.paced is not None:
+                task = asyncio.get_running_loop().create_task(
+                    self._paced(n, head.startswith(b"post /v1/chat/"), len(body) // 4))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+                continue
             if (resp := self.cache.get(n)) is None:
                 resp = self.cache[n] = _sse(n)
             self.transport.write(resp)
@@ -126,10 +149,48 @@ class _Http(asyncio.Protocol):
                 self.stamps[tag.group(1).decode()] = (read_ns, time.monotonic_ns())
             self.served.value += 1
 
+    async def _paced(self, n: int, chat: bool, prompt_tokens: int) -> None:
+        """vLLM's stream over time: the first token after a TTFT drawn from ``paced``, then one
+        event per token at a drawn inter-token gap, each with cumulative usage (what
+        ``continuous_usage_stats`` sends), the final usage chunk and ``[DONE]``."""
+        ttft_lo, ttft_hi, itl_lo, itl_hi = self.paced
+        head = {"id": "chatcmpl-x" if chat else "cmpl-x", "created": int(time.time()), "model": "bench",
+                "object": "chat.completion.chunk" if chat else "text_completion"}
 
-def _serve(core: int, port_queue: "mp.Queue[int]", served: "mp.Value") -> None:
+        def event(choices: list, done: int, **extra) -> bytes:
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + done,
+                     "completion_tokens": done, **extra}
+            return _chunk(b"data: " + json.dumps({**head, "choices": choices, "usage": usage}).encode() + b"\n\n")
+
+        def choice(i: int) -> dict:
+            finish = None if i < n else "length"
+            if chat:
+                return {"index": 0, "delta": {"content": " tok"}, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": " tok", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+        await asyncio.sleep(random.uniform(ttft_lo, ttft_hi))
+        if self.transport.is_closing():
+            return
+        self.transport.write(_SSE_HEAD)
+        if chat:  # vLLM's first chat chunk carries the role and no token
+            self.transport.write(event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}], 0))
+        for i in range(1, n + 1):
+            if i > 1:
+                await asyncio.sleep(random.uniform(itl_lo, itl_hi))
+            if self.transport.is_closing():
+                return
+            self.transport.write(event([choice(i)], i))
+        self.transport.write(event([], n, prompt_tokens_details={"cached_tokens": 0}))
+        self.transport.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        self.served.value += 1
+
+
+def _serve(core: int, port_queue: "mp.Queue[int]", served: "mp.Value",
+           paced: tuple[float, float, float, float] | None = None) -> None:
     os.sched_setaffinity(0, {core})
     _Http.served = served
+    _Http.paced = paced
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(_Http, "127.0.0.1", 0, backlog=4096)
@@ -287,6 +348,131 @@ def compare(tools: list[str], url: str, served: "mp.Value", core: int, *, n: int
                   f"{(cpu - cpu1) / (done - 1) * 1000:>13.3f}")
 
 
+# --- the H200 agentic load, against a paced server ----------------------------------------------
+
+def _agentic_spec(seconds: float) -> AgenticWorkload:
+    """The load of sweeps/h200-long-context.yaml, whose trials all warned of dispatch lag: 16
+    sessions all in flight, a ~2.3k-token shared prefix, ~900-token tool outputs, 48-token
+    answers, contexts growing towards ~23k tokens (request bodies up to ~90 KB)."""
+    return AgenticWorkload(
+        name="agentic-bench", sessions=16, concurrency=16, turns=40, system_prompt_tokens=2300,
+        task_tokens=TokenRange(min=128, max=256), tool_output_tokens=TokenRange(min=800, max=1000),
+        output_tokens=TokenRange(min=48, max=48), max_context_tokens=23000, request_timeout_s=60,
+        max_duration_s=seconds, drain_s=8)
+
+
+def _as_chat(sessions: list[Session], factory: TextFactory) -> list[Session]:
+    """The same sessions as chat sessions (a recorded replay's shape): each turn's appended text
+    becomes one message, rendered now, so the chat endpoint gets message lists of the same size."""
+    out = []
+    for s in sessions:
+        turns = []
+        for k, t in enumerate(s.turns):
+            if k == 0:  # the shared prefix as the system message, the task as the user's
+                messages = (Message("system", factory.render(t.append[:1])),
+                            Message("user", factory.render(t.append[1:])))
+            else:
+                messages = (Message("user", factory.render(t.append)),)
+            turns.append(Turn(append=(), output_tokens=t.output_tokens, think_s=t.think_s, messages=messages,
+                              prompt_tokens_estimate=s.planned_prompt_tokens(k)))
+        out.append(Session(s.session_id, tuple(turns), s.start_s))
+    return out
+
+
+class _CpuStampClock(MonotonicClock):
+    """The real clock, also noting this thread's CPU time at every reading, so a lag splits into
+    time the client's thread ran (its own work) and time it did not (other processes or threads
+    on its core: this machine is shared)."""
+
+    def __init__(self) -> None:
+        self.cpu_ns: dict[int, int] = {}
+
+    def now_ns(self) -> int:
+        t = time.monotonic_ns()
+        self.cpu_ns[t] = time.thread_time_ns()
+        return t
+
+
+def agentic(url: str, tokenizer: Tokenizer, *, style: str, chat: bool, seconds: float) -> dict[str, float | str]:
+    """One window of the agentic load as ``runner.load`` runs it (frozen set-up heap, uvloop when
+    installed, ``diagnose``), but with a clock that notes CPU time. Returns dispatch lag of all requests, of
+    first turns (sent together when the window opens) and of later turns, and the part of all
+    lags the client's thread ran ("cpu"), in ms; TTFT p50 in ms; the lag and client warnings.
+    A new factory per window, as ``runner.prepare`` makes one: its block cache starts empty."""
+    spec = _agentic_spec(seconds)
+    factory = TextFactory(tokenizer, style=style)
+    sessions = generate_agentic(spec)
+    if chat:
+        sessions = _as_chat(sessions, factory)
+    clock = _CpuStampClock()
+    strategy = ClosedLoop(spec.concurrency)
+
+    async def window():
+        with frozen_setup():
+            async with StreamingClient(url, "bench", max_connections=strategy.slots, clock=clock) as client:
+                gen = LoadGenerator(client, strategy, factory.render, clock=clock, keep_prompts=True)
+                cpu0, wall0 = time.process_time(), time.monotonic()
+                csw0 = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+                result = await gen.run(sessions, window_s=spec.max_duration_s, timeout_s=spec.request_timeout_s,
+                                       drain_s=spec.drain_s)
+                csw = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - csw0
+                return result, time.process_time() - cpu0, time.monotonic() - wall0, csw
+
+    result, cpu_s, wall_s, csw = _run(window(), "uvloop" if _have_uvloop() else "asyncio")
+    records = result.records
+    out: dict[str, float | str] = {"ok": sum(r.status == "ok" for r in records), "cpu_util": cpu_s / wall_s,
+                                   "preempted_per_s": csw / wall_s}
+    lags = {"all": metrics.dispatch_lag_s(records),
+            "first": metrics.dispatch_lag_s([r for r in records if r.turn == 0]),
+            "later": metrics.dispatch_lag_s([r for r in records if r.turn > 0]),
+            "cpu": [(clock.cpu_ns[r.sent_ns] - clock.cpu_ns[r.scheduled_ns]) / 1e9 for r in records]}
+    for name, values in lags.items():
+        for q in (50, 99, 100):
+            out[f"{name}_p{q}"] = (metrics.percentile(values, q) or 0.0) * 1e3
+    out["ttft_p50"] = (metrics.percentile(metrics.ttft_s(records), 50) or 0.0) * 1e3
+    chars = [n for _, n in result.prompt_chars.values()]
+    out["prompt_kchars"] = statistics.mean(chars) / 1e3 if chars else 0.0
+    warnings = diagnose(result, sessions, client_cpu_s=cpu_s, wall_s=wall_s, client_cores=1)
+    out["warnings"] = " | ".join(w for w in warnings if "lag" in w or "client" in w)
+    return out
+
+
+def agentic_section(args: argparse.Namespace) -> None:
+    """Section 6: ``--agentic-repeats`` windows per endpoint of the agentic load, with the server
+    paced like a GPU server (``--agentic-ttft-ms``, ``--agentic-itl-ms``) on ``--server-core``."""
+    tokenizer = load_tokenizer(bundled_tokenizer_path("qwen3"))
+    ctx = mp.get_context("spawn")
+    ports: mp.Queue = ctx.Queue()
+    served = ctx.Value("q", 0, lock=False)
+    paced = (*(ms / 1e3 for ms in args.agentic_ttft_ms), *(ms / 1e3 for ms in args.agentic_itl_ms))
+    server = ctx.Process(target=_serve, args=(args.server_core, ports, served, paced), daemon=True)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{ports.get(timeout=30)}"
+        os.sched_setaffinity(0, {args.client_core})
+        print(f"## agentic load (16 sessions in flight, 48-token answers, usage on every chunk), "
+              f"{args.agentic_style} text, {args.agentic_seconds:.0f} s windows; server TTFT {args.agentic_ttft_ms} ms, "
+              f"inter-token {args.agentic_itl_ms} ms on core {args.server_core}, client on core "
+              f"{args.client_core}, python {sys.version.split()[0]}")
+        print("dispatch lag, ms: p50 / p99 / max of all requests, of first turns, of later turns, and of the "
+              "part of each lag the client's thread ran (cpu); preempt/s: involuntary switches of that thread")
+        print(f"{'endpoint':>11} {'rep':>3} {'ok':>4} {'kchars':>6} {'ttft p50':>8} {'cpu':>5} {'preempt/s':>6} "
+              f"{'all':>20} {'first turns':>20} {'later turns':>20} {'lag on cpu':>20}")
+        for endpoint in args.agentic_endpoints:
+            for rep in range(args.agentic_repeats):
+                r = agentic(url, tokenizer, style=args.agentic_style, chat=endpoint == "chat",
+                            seconds=args.agentic_seconds)
+                cells = " ".join(f"{r[f'{g}_p50']:>6.2f}/{r[f'{g}_p99']:>6.2f}/{r[f'{g}_p100']:>6.2f}"
+                                 for g in ("all", "first", "later", "cpu"))
+                print(f"{endpoint:>11} {rep:>3} {r['ok']:>4} {r['prompt_kchars']:>6.1f} {r['ttft_p50']:>8.0f} "
+                      f"{r['cpu_util']:>5.0%} {r['preempted_per_s']:>6.1f} {cells}")
+                if r["warnings"]:
+                    print(f"{'':>15} warning: {r['warnings']}")
+    finally:
+        server.kill()
+        server.join(5)
+
+
 # --- tokenization ---------------------------------------------------------------------------------
 
 def bench_tokenize(factory: TextFactory, lengths: list[int], repeats: int) -> list[tuple[int, float]]:
@@ -325,7 +511,21 @@ def main() -> None:
     ap.add_argument("--skip-client", action="store_true")
     ap.add_argument("--skip-tokenize", action="store_true")
     ap.add_argument("--client-only", metavar="URL", help=argparse.SUPPRESS)  # used by --compare ours
+    ap.add_argument("--agentic", action="store_true",
+                    help="run only section 6: the H200 agentic load against a paced server")
+    ap.add_argument("--agentic-seconds", type=float, default=20.0, help="window per repeat (the H200's: 20 s)")
+    ap.add_argument("--agentic-repeats", type=int, default=3)
+    ap.add_argument("--agentic-ttft-ms", type=float, nargs=2, default=[300.0, 700.0],
+                    help="server TTFT, drawn uniformly per request")
+    ap.add_argument("--agentic-itl-ms", type=float, nargs=2, default=[10.0, 20.0],
+                    help="server inter-token gap, drawn uniformly per token")
+    ap.add_argument("--agentic-style", default="agent-mix", choices=TEXT_STYLES)
+    ap.add_argument("--agentic-endpoints", nargs="+", default=["completions", "chat"],
+                    choices=["completions", "chat"])
     args = ap.parse_args()
+    if args.agentic:
+        agentic_section(args)
+        return
     qwen = TextFactory(load_tokenizer(bundled_tokenizer_path("qwen3")))
 
     if args.client_only:  # one open-loop run against a server started elsewhere

@@ -42,9 +42,13 @@ from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWork
 from .text import TextFactory, load_tokenizer, timed_count, token_counter
 from .trace import Session
 
-# Loop timers have ~1 ms resolution (see protocols.MonotonicClock), so lag up to ~1 ms is
-# the timer, not the client; twice that means the loop was busy.
-DISPATCH_LAG_WARN_S = 0.002
+# Dispatch lag matters as a share of what the study measures: above 1% of TTFT p50 (3 ms at a
+# 300 ms TTFT) it marks the figures, below it a warning only teaches users to ignore warnings (a
+# fixed 2 ms fired on every H200 agentic trial, at 0.2-1.6% of TTFT). Loop timers have ~1 ms
+# resolution (see protocols.MonotonicClock), so lag up to that is the timer, not the client,
+# however short the TTFT.
+DISPATCH_LAG_TTFT_SHARE = 0.01
+DISPATCH_LAG_FLOOR_S = 0.001
 CLIENT_CPU_WARN_FRACTION = 0.8  # of the cores this process may run on
 
 AnyWorkload = AgenticWorkload | MooncakeWorkload | AzureWorkload | RecordedWorkload
@@ -82,13 +86,22 @@ def strategy_for(spec: AnyWorkload) -> Strategy:
 
 def diagnose(result: LoadResult, sessions: list[Session], *, client_cpu_s: float, wall_s: float,
              client_cores: int) -> tuple[str, ...]:
-    """Warnings for a run (pure): client saturation, lost requests, server flags missing."""
+    """Warnings for a run (pure): client saturation, lost requests, server flags missing.
+
+    Dispatch lag warns when its p99 exceeds both ``DISPATCH_LAG_FLOOR_S`` and
+    ``DISPATCH_LAG_TTFT_SHARE`` of the ok requests' TTFT p50 (the floor alone without TTFT).
+    """
     out: list[str] = []
     records = result.records
     lag = metrics.percentile(metrics.dispatch_lag_s(records), 99)
-    if lag is not None and lag > DISPATCH_LAG_WARN_S:
-        out.append(f"dispatch lag p99 {lag * 1e3:.1f} ms exceeds {DISPATCH_LAG_WARN_S * 1e3:.0f} ms: "
-                   "the client may be the bottleneck")
+    ttft = metrics.percentile(metrics.ttft_s(records), 50)
+    if lag is not None and lag > DISPATCH_LAG_FLOOR_S:
+        if ttft is None:  # no request got a token: the floor alone decides
+            out.append(f"dispatch lag p99 {lag * 1e3:.1f} ms exceeds the timer's {DISPATCH_LAG_FLOOR_S * 1e3:.0f} ms "
+                       "and no TTFT to compare it with: the client may be the bottleneck")
+        elif lag > DISPATCH_LAG_TTFT_SHARE * ttft:
+            out.append(f"dispatch lag p99 {lag * 1e3:.1f} ms is {lag / ttft:.1%} of TTFT p50 {ttft * 1e3:.0f} ms: "
+                       "the client may be the bottleneck")
     if wall_s > 0 and client_cores > 0:
         busy = client_cpu_s / wall_s / client_cores
         if busy > CLIENT_CPU_WARN_FRACTION:

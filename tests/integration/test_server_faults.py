@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -48,8 +49,20 @@ def _kill_vllm() -> list[int]:
             continue
         if "vllm" in cmd and " serve " in f" {cmd} " and "select.select" not in cmd:
             os.kill(p.pid, signal.SIGKILL)
-            killed.append(p.pid)
-    return killed
+            killed.append(p)
+    # SIGKILL is not instant for a process holding gigabytes: the step runs once the server is really gone
+    # (a zombie: its parent, the replica actor, reaps it when it next looks)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(p) for p in killed):
+        time.sleep(0.05)
+    return [p.pid for p in killed]
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture(scope="module")

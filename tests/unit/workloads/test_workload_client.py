@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from workloads.client import StreamingClient
+from workloads.client import StreamingClient, _BodyEncoder
 from workloads.protocols import Request
 from workloads.runner import run_workload, run_workload_sync
 from workloads.spec import AgenticWorkload, MooncakeWorkload, TokenRange
 from workloads.text import TextFactory, bundled_tokenizer_path, token_counter
+from workloads.trace import Message
 
 DATA_MOONCAKE = Path(__file__).resolve().parent / "data" / "mooncake_small.jsonl"
 
@@ -168,3 +171,99 @@ def test_run_workload_against_dead_server_returns_error_records(refused_url) -> 
     assert len(run.records) == 4 and all(r.status == "error" for r in run.records)  # first turns only
     assert run.turns_unsent == 8
     assert any("4 of 4 requests ended with status error" in w for w in run.warnings)
+
+
+# --- request bodies: encoded incrementally, byte for byte what json.dumps gives ---------------
+
+def _dumps_body(model: str, req: Request) -> bytes:
+    """The body as the client built it before incremental encoding: one json.dumps of it all."""
+    head: dict = {"model": model}
+    if req.messages is None:
+        head["prompt"] = req.prompt
+    else:
+        head["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+    return json.dumps({**head, "max_tokens": req.max_tokens, "min_tokens": req.max_tokens, "ignore_eos": True,
+                       "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).encode()
+
+
+def _req(session: str, prompt: str, messages: tuple[Message, ...] | None = None, max_tokens: int = 48) -> Request:
+    return Request(request_id=f"{session}:0", session_id=session, turn=0, prompt=prompt, max_tokens=max_tokens,
+                   scheduled_ns=0, timeout_s=1.0, cut_ns=None, planned_prompt_tokens=1, messages=messages)
+
+
+def test_bodies_match_json_dumps_as_prompts_grow_and_diverge() -> None:
+    # Characters JSON escapes (quotes, backslashes, controls, non-ASCII, astral, a lone surrogate)
+    # at random split points; sessions that grow, restart, interleave and outnumber the cache.
+    alphabet = 'ab "\\\n\t\x00é\u2028😀\ud800/'
+    rng = random.Random(7)
+    encoder = _BodyEncoder('model "x"', continuous_usage=True, sessions=3)
+    prompts: dict[str, str] = {}
+    chats: dict[str, tuple[Message, ...]] = {}
+    for _ in range(300):
+        sid = f"s{rng.randrange(5)}"
+        grow = rng.random() < 0.85
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        prompts[sid] = prompts.get(sid, "") + text if grow else text
+        new = tuple(Message(rng.choice(("user", "assistant", "tool")), text) for _ in range(rng.randrange(0, 3)))
+        chats[sid] = chats.get(sid, ()) + new if grow else new
+        for req in (_req(sid, prompts[sid], max_tokens=rng.choice((1, 48))), _req(sid + "c", "", chats[sid])):
+            assert encoder.encode(req) == _dumps_body('model "x"', req)
+
+
+def test_body_cache_is_bounded() -> None:
+    encoder = _BodyEncoder("m", continuous_usage=True, sessions=2)
+    for i in range(10):
+        encoder.encode(_req(f"s{i}", "x" * 100))
+    assert len(encoder._cache) == 2 and encoder._bytes == 200
+
+
+def test_continuous_usage_off_leaves_it_out_of_the_body() -> None:
+    body = json.loads(_BodyEncoder("m", continuous_usage=False, sessions=1).encode(_req("s", "p")))
+    assert body["stream_options"] == {"include_usage": True} and body["prompt"] == "p"
+
+
+# --- connections opened on entry ----------------------------------------------------------------
+
+async def _counting_server() -> tuple[asyncio.Server, list[bytes]]:
+    """A raw HTTP/1.1 server that answers every request 404 (kept alive) and notes each
+    connection's first request line."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            seen.append((await reader.readuntil(b"\r\n\r\n")).split(b"\r\n", 1)[0])
+            while True:
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, seen
+
+
+def test_entering_opens_the_pool_before_the_first_request() -> None:
+    async def main():
+        server, seen = await _counting_server()
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            async with StreamingClient(f"http://127.0.0.1:{port}", "m", max_connections=3):
+                opened = list(seen)
+            async with StreamingClient(f"http://127.0.0.1:{port}", "m", max_connections=3, warm=False):
+                cold = len(seen) - len(opened)
+        return opened, cold
+
+    opened, cold = asyncio.run(main())
+    assert opened == [b"GET /v1/models HTTP/1.1"] * 3 and cold == 0
+
+
+def test_entering_a_refused_server_does_not_raise(refused_url) -> None:
+    async def main():
+        async with StreamingClient(refused_url, "m", max_connections=2) as client:
+            return await client.send(request())
+
+    record, _ = asyncio.run(main())
+    assert record.status == "error"  # the failure is the request's record, not the entry's

@@ -153,3 +153,25 @@ def test_strategies_validate_arguments() -> None:
         ClosedLoop(concurrency=0)
     with pytest.raises(ValueError, match="no turns"):
         Session("x", ())
+
+
+def test_rendering_the_next_session_is_not_the_previous_ones_lag(virtual, fake_backend) -> None:
+    # Rendering costs 1 ms of (virtual) client time. Each session of a closed loop is sent before
+    # the next one is rendered, so the sessions started together at the window's start show no
+    # lag; before, session i waited for the rendering of every later one (3, 2, 1, 0 ms here).
+    holder = {}
+
+    def costly_render(blocks) -> str:
+        holder["clock"].ns += 1_000_000
+        return render(blocks)
+
+    async def main(clock):
+        holder["clock"] = clock
+        backend = fake_backend(clock)
+        return await LoadGenerator(backend, ClosedLoop(concurrency=4), costly_render, clock=clock).run(
+            [one_turn(f"s{i}", None) for i in range(4)], window_s=100.0, timeout_s=10.0)
+
+    result: LoadResult = virtual(main)
+    assert len(result.records) == 4
+    assert [r.sent_ns - r.scheduled_ns for r in result.records] == [0, 0, 0, 0]
+    assert [r.scheduled_ns - result.start_ns for r in result.records] == [1_000_000, 2_000_000, 3_000_000, 4_000_000]

