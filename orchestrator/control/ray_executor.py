@@ -21,8 +21,11 @@ Two start modes:
   from the prefix-cache reset (the protocol's start state); the warm-up runs
   once per start.
 
+What happens on a replica that answers, from the warm-up to the verification, is
+:mod:`orchestrator.control.measure`'s; this module places, leases, starts and re-pins.
+
 Every failure becomes data (``TrialResult.failed``); actor and node loss map to
-the retryable ``NODE_DIED``. Capacity is released in exactly one place:
+the retryable ``NODE_DIED``, a server found dead at any step of the window to ``SERVER_DIED``. Capacity is released in exactly one place:
 :meth:`_Lease.close`, called from ``finally`` (fresh) or when the warm replica
 is no longer wanted (repin, and :meth:`RayTrialExecutor.close`).
 """
