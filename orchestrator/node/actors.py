@@ -331,8 +331,7 @@ class ReplicaActor:
             return NodeError(exc.kind.value, str(exc))
         # The prefix cache is emptied by begin_window, as for every window of a repin group.
         return ReplicaUp(base_url=self.replica.base_url, tokenizer_path=self.tokenizer_path,
-                         params={**self.replica.params(), "repinned": True}, repin_s=seconds,
-                         model_dir=str(Path(self.tokenizer_path).parent) if self.trial.model.kind == "shape" else "")
+                         params={**self.replica.params(), "repinned": True}, repin_s=seconds)
 
     def files(self) -> dict[str, bytes]:
         """The node-side files so far (the replica keeps running)."""

