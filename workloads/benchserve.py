@@ -385,7 +385,8 @@ def _tail(path: Path, chars: int = _TAIL_CHARS) -> str:
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """End the child's process group (its own session): TERM, then KILL after ``grace_s``."""
+    """End the child's process group (its own session): TERM, then KILL after ``grace_s``; returns once
+    no member of the group runs any more (the leader's exit does not mean its children have exited)."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -396,6 +397,28 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and _group_runs(proc.pid):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is alive and not yet a zombie (read from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def run_bench_serve(base_url: str, model: str, tokenizer_path: str | Path, items: Sequence[Item], concurrency: int,
