@@ -191,30 +191,32 @@ def _heatmap(page: Page) -> str:
             + _img(page.heatmap_png, "speedup heatmap") + _table(frame, left=["configuration"]))
 
 
-def _start_modes(page: Page) -> str:
-    frame = page.start_modes
+def _frame_section(frame: pd.DataFrame | None, anchor: str, title: str, blurb: str) -> str:
+    """A heading, its explanation and the table; nothing for a missing or empty table."""
     if frame is None or frame.empty:
         return ""
-    return ("<h2 id='start-modes'>Start modes against fresh starts</h2>"
-            "<p class='muted'>TTFT at the same cores after a re-pin (<i>repin</i>: one live replica moved down the core "
-            "counts, thread pools of its start) or a <i>sized</i> start (started on more cores with every pool sized "
-            "for these, then pinned) against a fresh start pinned from the beginning; the medians over repeats, "
-            "ratio = mode / fresh. <i>within_noise</i>: both ratios within the fresh repeats' own p50 spread.</p>"
-            + _table(frame))
+    return f"<h2 id='{anchor}'>{title}</h2><p class='muted'>{blurb}</p>" + _table(frame)
+
+
+def _start_modes(page: Page) -> str:
+    return _frame_section(
+        page.start_modes, "start-modes", "Start modes against fresh starts",
+        "TTFT at the same cores after a re-pin (<i>repin</i>: one live replica moved down the core "
+        "counts, thread pools of its start) or a <i>sized</i> start (started on more cores with every pool sized "
+        "for these, then pinned) against a fresh start pinned from the beginning; the medians over repeats, "
+        "ratio = mode / fresh. <i>within_noise</i>: both ratios within the fresh repeats' own p50 spread.")
 
 
 def _references(page: Page) -> str:
-    frame = page.references
-    if frame is None or frame.empty:
-        return ""
-    return ("<h2 id='references'>The harness against clients nobody here wrote</h2>"
-            "<p class='muted'>TTFT of the same window's workload, each run from a prefix-cache reset on the same "
-            "server: <i>harness</i> (the measured window), <i>bare</i> (the bare client: one plain process, no "
-            "actor, no telemetry) and <i>vllm_bench</i> (vLLM's own <code>vllm bench serve</code> replaying the "
-            "prompts the harness sent, turn-major, at the same concurrency and output lengths). Medians over "
-            "repeats; <i>harness_vs_*</i>: the median of the per-repeat p50 ratios (below 1: the harness reads "
-            "less TTFT); <i>*_p50_spread</i>: (max - min) / median over repeats. The order of the runs rotates "
-            "with the repeat (see each trial's <code>crosscheck_order</code>).</p>" + _table(frame))
+    return _frame_section(
+        page.references, "references", "The harness against clients nobody here wrote",
+        "TTFT of the same window's workload, each run from a prefix-cache reset on the same "
+        "server: <i>harness</i> (the measured window), <i>bare</i> (the bare client: one plain process, no "
+        "actor, no telemetry) and <i>vllm_bench</i> (vLLM's own <code>vllm bench serve</code> replaying the "
+        "prompts the harness sent, turn-major, at the same concurrency and output lengths). Medians over "
+        "repeats; <i>harness_vs_*</i>: the median of the per-repeat p50 ratios (below 1: the harness reads "
+        "less TTFT); <i>*_p50_spread</i>: (max - min) / median over repeats. The order of the runs rotates "
+        "with the repeat (see each trial's <code>crosscheck_order</code>).")
 
 
 def render(page: Page) -> str:
