@@ -64,7 +64,7 @@ from workloads.client import StreamingClient  # noqa: E402
 from workloads.loadgen import ClosedLoop, LoadGenerator, OpenLoop  # noqa: E402
 from workloads.loaders import generate_agentic  # noqa: E402
 from workloads.protocols import MonotonicClock  # noqa: E402
-from workloads.runner import diagnose, frozen_setup  # noqa: E402
+from workloads.run_workload import diagnose, frozen_setup  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
 from workloads.text import TEXT_STYLES, TextFactory, bundled_tokenizer_path, load_tokenizer, token_counter  # noqa: E402
 from workloads.trace import Block, Message, Session, Turn  # noqa: E402

@@ -37,8 +37,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from orchestrator.control.net import non_loopback_listeners
-from orchestrator.control.services import tree
+from orchestrator.infra.net import non_loopback_listeners
+from orchestrator.infra.local_servers import tree
 
 MARK = "FAULT_BENCH_RUN"
 

@@ -72,9 +72,10 @@ from orchestrator.node.gpu_profile import GpuProfileCapture, profiler_launch  # 
 from orchestrator.node.restrict import tree_pids  # noqa: E402
 from orchestrator.node.stacks import StackSampler, coverage, find_py_spy  # noqa: E402
 from orchestrator.plan.models import build_shape  # noqa: E402
-from orchestrator.plan.expand import TrialSpec  # noqa: E402
-from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, vllm_version  # noqa: E402
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.values.trial import TrialSpec  # noqa: E402
+from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
+from orchestrator.node.hostfacts import vllm_version  # noqa: E402
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
 from orchestrator.node.telemetry import TelemetrySampler, open_gpu_reader, scrape  # noqa: E402
 from workloads import metrics, run_workload_sync  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402

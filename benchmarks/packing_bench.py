@@ -23,8 +23,8 @@ from pathlib import Path
 from orchestrator.control.controller import SweepController
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.control.services import ray_cluster
-from orchestrator.plan.spec import parse_spec
+from orchestrator.infra.local_servers import ray_cluster
+from orchestrator.plan.load import parse_spec
 
 
 def spec(trials: int, cores: int, window_s: float, placement: str):

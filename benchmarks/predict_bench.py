@@ -5,7 +5,7 @@ For every configuration (the factors other than cores and the repeat) in every r
 tables, or one row per trial, whose repeats are aggregated here by their median), and in any CSV
 given on the command line, this prints:
 
-  * the model fitted on all core counts (``orchestrator.observe.predict``): its parameters and
+  * the model fitted on all core counts (``orchestrator.observe.analysis.predict``): its parameters and
     in-sample error;
   * per core count: the measured TTFT p50, the prediction of the model fitted without it, the
     error, and the in-sample fit;
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.observe.predict import fit, holdout, rule_of_thumb_cores
-from orchestrator.observe.report import CONFIG
+from orchestrator.observe.analysis.predict import fit, holdout, rule_of_thumb_cores
+from orchestrator.observe.report.comparison import CONFIG
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CURVE = [1, 2, 3, 4, 6, 8, 12, 16]

@@ -1,6 +1,6 @@
 """Scaling of the orchestrator itself: trials per hour against the number of (simulated) nodes.
 
-What it measures is the orchestrator, not vLLM: every replica is ``orchestrator.node.standin``, a
+What it measures is the orchestrator, not vLLM: every replica is ``benchmarks/standin.py``, a
 latency-emulating STAND-IN server (not vLLM; fixed start-up time, TTFT and per-token delay,
 streamed), because a small machine cannot run 8 or 16 real vLLM-CPU replicas at once. Its
 figures say nothing about vLLM or CPU starvation.
@@ -20,6 +20,7 @@ the placement group becoming ready, the replica actor answering, the replica sta
 from __future__ import annotations
 
 import argparse
+import os
 import csv
 import statistics
 import tempfile
@@ -33,8 +34,9 @@ from orchestrator.control.controller import SweepController
 from orchestrator.control.placement import ACCEL_LABEL
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.control.services import free_port, mlflow_server, ray_on_loopback
-from orchestrator.plan.spec import parse_spec
+from orchestrator.node.replica import SERVER_SCRIPT_ENV
+from orchestrator.infra.local_servers import free_port, mlflow_server, ray_on_loopback
+from orchestrator.plan.load import parse_spec
 from orchestrator.observe.tracking import MlflowTracker
 
 
@@ -49,7 +51,7 @@ def sweep(n_trials: int, window_s: float, startup_s: float, ttft_ms: float, tpot
         "grid": {"cores": [1], "hardware": ["sim"],
                  "vllm": [{"name": "standin", "args": ["--startup-s", str(startup_s), "--ttft-ms", str(ttft_ms),
                                                        "--tpot-ms", str(tpot_ms)]}]},
-        "server": {"stack": "standin", "max_model_len": 4096, "startup_timeout_s": 120},
+        "server": {"max_model_len": 4096, "startup_timeout_s": 120},
         "client": {"cores": 1, "isolation": "prefer"},
         "telemetry": {"host_hz": 2, "metrics_hz": 0},
         "repeats": n_trials,
@@ -77,7 +79,12 @@ class Timed:
         self.inner.on_sweep_end(plan, results)
 
 
+STANDIN = Path(__file__).with_name("standin.py")
+
+
 def one(nodes: int, args, work: Path, uri: str) -> dict:
+    # Every replica runs the stand-in instead of vLLM: the raylets, started below, pass this to their workers.
+    os.environ[SERVER_SCRIPT_ENV] = str(STANDIN)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     try:
         for _ in range(nodes):
@@ -129,7 +136,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp, ray_on_loopback(), \
             mlflow_server(Path(tmp) / "mlflow", port=free_port()) as ml:
-        print(f"STAND-IN servers (orchestrator.node.standin), not vLLM; MLflow at {ml.uri}", flush=True)
+        print(f"STAND-IN servers (benchmarks/standin.py), not vLLM; MLflow at {ml.uri}", flush=True)
         for n in (int(x) for x in args.nodes.split(",")):
             row = one(n, args, Path(tmp), ml.uri)
             base = rows[0] if rows else row

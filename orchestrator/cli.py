@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.plan.expand import expand
-from orchestrator.plan.spec import SpecError, load_spec
+from orchestrator.plan.load import SpecError, load_spec
 
 console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
@@ -51,7 +51,7 @@ def main(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM (ray job stop, a CI timeout, `timeout`) must unwind like Ctrl-C, so every
     # context manager stops what it started: MLflow server, Ray, vLLM replicas.
-    # (orchestrator.control.services.ray_cluster puts these back after ray.init replaces them.)
+    # (orchestrator.infra.local_servers.ray_cluster puts these back after ray.init replaces them.)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
 
@@ -132,7 +132,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
     Trials run concurrently, as many as the cluster holds under the sweep's placement policy
     (one per node by default), capped by --max-concurrent. The sweep's files are checked first
     (orchestrator.plan.preflight); with an input error nothing starts and the exit code is 2."""
-    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import run_sweep
 
     spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep))
@@ -145,7 +145,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
               help="Most trials in flight at once (overrides the sweep's max_concurrent_trials).")
 def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
     """Run the trials of SWEEP that have not finished yet (same as `run`)."""
-    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import run_sweep
 
     spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=True))
@@ -189,12 +189,12 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     Trials come from MLflow (MLFLOW_TRACKING_URI, or the local store), or from the local outbox when
     MLflow is unreachable or has none; a report built from MLflow is also logged to the sweep's
     parent run (artifacts under report/)."""
-    from orchestrator.control.services import ServiceError, free_port, mlflow_server
-    from orchestrator.observe.report import costs
-    from orchestrator.observe.report_data import ReportInputError
-    from orchestrator.observe.report_tables import ReportOptions, Slo
-    from orchestrator.observe.report_writer import publish
-    from orchestrator.runner import print_tables
+    from orchestrator.infra.local_servers import ServiceError, free_port, mlflow_server
+    from orchestrator.observe.report.comparison import costs
+    from orchestrator.observe.report.data import ReportInputError
+    from orchestrator.observe.report.tables import ReportOptions, Slo
+    from orchestrator.observe.report.writer import publish
+    from orchestrator.observe.report.console import print_tables
 
     if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
         raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
@@ -243,7 +243,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
 @click.option("--port", default=5000, show_default=True)
 def ui(home: str | None, port: int) -> None:
     """Serve the local MLflow store (the one `run` wrote) at http://127.0.0.1:PORT until Ctrl-C."""
-    from orchestrator.control.services import mlflow_server
+    from orchestrator.infra.local_servers import mlflow_server
 
     h = _home(home) / "mlflow"
     if not (h / "mlflow.db").exists():
@@ -266,7 +266,7 @@ def model() -> None:
 @model.command("list")
 def model_list() -> None:
     """List the built-in shapes."""
-    from orchestrator.plan.models import SHAPES
+    from orchestrator.values.shapes import SHAPES
 
     for s in SHAPES.values():
         console.print(f"{s.name:16} {s.description}")
@@ -286,7 +286,7 @@ def model_build(shape: str, dest: str) -> None:
     console.print(f"wrote {path} (serve with --load-format dummy)")
 
 
-from orchestrator.observe.provisioning_cli import provisioning  # noqa: E402  (click only; pandas loads in the command)
+from orchestrator.observe.provisioning.cli import provisioning  # noqa: E402  (click only; pandas loads in the command)
 
 main.add_command(provisioning)
 

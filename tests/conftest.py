@@ -26,7 +26,7 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory):
     """Start a real ``mlflow server`` for the session and stop its process group afterwards."""
-    from orchestrator.control.services import free_port, mlflow_server
+    from orchestrator.infra.local_servers import free_port, mlflow_server
 
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:

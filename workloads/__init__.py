@@ -5,7 +5,7 @@ Pipeline inside this package (each stage a typed value):
 --metrics.summarize--> {metric: value}``. ``run_workload`` wires it for the orchestrator.
 
 Layers import downward only: records/trace/text/protocols < metrics, client, loaders <
-loadgen < runner. The load generator (when) and the client (how) never import each other.
+loadgen < run_workload. The load generator (when) and the client (how) never import each other.
 """
 
 from .client import StreamingClient
@@ -14,7 +14,7 @@ from .loadgen import ClosedLoop, LoadGenerator, LoadResult, OpenLoop
 from .metrics import summarize
 from .protocols import Backend, Clock, MonotonicClock, Request
 from .records import RequestRecord, frame_to_records, records_to_frame
-from .runner import WorkloadRun, run_workload, run_workload_sync
+from .run_workload import WorkloadRun, run_workload, run_workload_sync
 from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, TokenRange, WorkloadSpec
 from .text import TextFactory, bundled_tokenizer_path, load_tokenizer
 from .trace import Block, Session, Turn

@@ -1,1 +1,1 @@
-"""Control: the controller (retries, resume, concurrency; no Ray), the Ray executor and its placement book, one window's measurement sequence (measure), and the run's own processes (services, lifelines, survivors, the home lock)."""
+"""Control: the controller (retries, resume, concurrency; no Ray) and its trial state machine, the Ray executor and its placement book, and one window's measurement sequence (measure)."""

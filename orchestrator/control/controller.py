@@ -47,9 +47,10 @@ from collections import deque
 from queue import SimpleQueue
 from typing import Any, Callable, Iterable, Protocol
 
-from orchestrator.control.callbacks import Callback, CallbackList
-from orchestrator.plan.expand import SweepPlan, TrialSpec, chains
-from orchestrator.control.results import ErrorKind, TrialResult
+from orchestrator.values.callbacks import Callback, CallbackList
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.plan.expand import chains
+from orchestrator.values.results import ErrorKind, TrialResult
 from orchestrator.control.trial import Trial, TrialState
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 what a failure at each step means.
 
 The executor (``ray_executor``) owns placement, leases and the replica's life; this module owns what
-happens between a replica that answers and a :class:`~orchestrator.control.results.TrialResult`:
+happens between a replica that answers and a :class:`~orchestrator.values.results.TrialResult`:
 
 1. ``verify_start``: every thread of the replica inside its cores (again at the end: ``verify``);
 2. ``warmup``: on the first window of a start, the same load shape with another seed, unmeasured
@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.control.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
-from orchestrator.node.actors import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan, profile_delay
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
+from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan
+from orchestrator.node.actors import profile_delay
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.restrict import Verification
 from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
                                           sessions_of, summarize_trial)
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 
 STEPS = ("verify_start", "warmup", "prepare", "reset", "window", "scrape", "verify_client", "finish", "crosscheck",
          "verify")

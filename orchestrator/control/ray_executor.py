@@ -46,10 +46,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.measure import Window, WindowSequence, flat_params
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
-from orchestrator.control.results import ErrorKind, TrialFailure, TrialResult
-from orchestrator.node.actors import CoreGrant, NodeError, ReplicaActor, ReplicaUp, WorkloadActor, core_agent
-from orchestrator.observe.windows import timeline_from_events
-from orchestrator.plan.expand import SweepPlan, TrialSpec, replica_key, start_key
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
+from orchestrator.values.wire import CoreGrant, NodeError, ReplicaUp
+from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
+from orchestrator.observe.time_use import timeline_from_events
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.plan.expand import replica_key, start_key
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
@@ -96,7 +98,7 @@ class _Lease:
     gpus: int = 0
     cores: int = 0
     held_from: float = 0.0  # when the placement group was ready (time.monotonic())
-    events: list[tuple[str, float]] = field(default_factory=list)  # orchestrator.observe.windows events
+    events: list[tuple[str, float]] = field(default_factory=list)  # orchestrator.observe.time_use events
     timelines: list[Any] | None = None  # the executor's list this lease's timeline goes to when it closes
 
     def mark(self, event: str) -> None:
@@ -160,7 +162,7 @@ class RayTrialExecutor:
         self._seq_lock = threading.Lock()
         self._traces: dict[str, tuple[str, Any]] = {}
         self._agents: dict[str, Any] = {}  # node id -> its core agent's handle, for the executor's life (_agent)
-        self.timelines: list[Any] = []  # one orchestrator.observe.windows.LeaseTimeline per closed lease
+        self.timelines: list[Any] = []  # one orchestrator.observe.time_use.LeaseTimeline per closed lease
         # Called with each step's name before it runs (orchestrator.control.measure.STEPS): fault tests kill there.
         self.on_step: Callable[[str], None] | None = None
 
@@ -231,7 +233,9 @@ class RayTrialExecutor:
             return f"{trial.trial_id}#{attempt}.{self._seq}"
 
     # ------------------------------------------------------------------ steps
-    def _lease(self, trial: TrialSpec, key: str, cores: int, *, attempt: int = 1) -> _Lease:
+    # ------------------------------------------------------------------ what a lane calls
+    def open_lease(self, trial: TrialSpec, key: str, cores: int, *, attempt: int = 1) -> _Lease:
+        """A node for ``trial`` from the book, its placement group and replica actor (``cores`` reserved)."""
         bundle = bundle_for(trial, cores)
         owner = self._owner(trial, attempt)
         t0 = time.monotonic()
@@ -301,7 +305,9 @@ class RayTrialExecutor:
         lease.started = True
         return up
 
-    def _measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
+    def measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
+        """One window of ``trial`` on ``lease``: cores, the replica up (or re-pinned, or shared), then the
+        measurement sequence (:class:`~orchestrator.control.measure.WindowSequence`)."""
         shared = trial.start != "repin" and lease.started  # a later window of a shared start
         alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
@@ -338,8 +344,9 @@ class RayTrialExecutor:
         finally:
             ray.kill(workload)
 
-    def _failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
-                started: float) -> TrialResult:
+    def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
+               started: float) -> TrialResult:
+        """A FAILED result of ``kind``, with ``error.txt`` in the attempt's folder."""
         (tdir / "error.txt").write_text(f"{kind.value}: {message}\n")
         return TrialResult.failed(trial.trial_id, kind, message, params=flat_params(facts), artifacts_dir=str(tdir),
                                   started_at=started, ended_at=time.time())
@@ -372,9 +379,9 @@ class _Lane:
         ok = False
         try:
             if lease is None:
-                lease = ex._lease(trial, key, ex.lease_cores(trial), attempt=attempt)
+                lease = ex.open_lease(trial, key, ex.lease_cores(trial), attempt=attempt)
             facts = lease.facts
-            result = ex._measure(trial, tdir, lease, started)
+            result = ex.measure(trial, tdir, lease, started)
             ok = result.ok
             if not ok:  # measured, then failed (the server died in the window, a thread escaped its cores)
                 (tdir / "error.txt").write_text(f"{result.error_kind.value}: {result.message}\n")
@@ -384,16 +391,16 @@ class _Lane:
         except TrialFailure as exc:
             if exc.kind is ErrorKind.SERVER_DIED and lease is not None:
                 ex.book.avoid(trial.trial_id, lease.node)
-            return ex._failed(trial, tdir, exc.kind, str(exc), facts, started)
+            return ex.failed(trial, tdir, exc.kind, str(exc), facts, started)
         except (RayActorError, ray.exceptions.NodeDiedError) as exc:
             # An exception in an actor's constructor is our bug, not a lost node: never retried.
             kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
             if lease is not None and kind is ErrorKind.NODE_DIED:
                 ex.book.avoid(trial.trial_id, lease.node)  # the retry goes to another node when there is one
-            return ex._failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
+            return ex.failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
             kind = _task_error_kind(exc.cause, str(exc))  # str() holds the remote traceback
-            return ex._failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
+            return ex.failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
         finally:
             if lease is not None:
                 if (repin or share) and ok:
@@ -426,7 +433,7 @@ def _task_error_kind(cause: BaseException | None, traceback: str = "") -> ErrorK
     ``workloads/loaders/``). Anything else raised in a task is our bug: ``INTERNAL``.
     """
     from orchestrator.plan.models import ModelError
-    from orchestrator.plan.spec import SpecError
+    from orchestrator.plan.load import SpecError
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError
 

@@ -1,1 +1,1 @@
-"""Node: what runs on a GPU node: the core agent and allocator, the restriction and its verification, the vLLM replica, telemetry and host facts."""
+"""Node: what runs on a GPU node: the core agent and allocator, the restriction and its verification, the vLLM replica (or Ray Serve), telemetry and host facts. Imports neither control nor observe."""

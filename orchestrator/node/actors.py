@@ -19,109 +19,25 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from orchestrator.control import survivors
+from orchestrator.infra import survivors
 from orchestrator.node.accounting import CoreAccounting
 from orchestrator.node.attribution import RoleAccounting
 from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
 from orchestrator.node.gpu_profile import GpuProfileCapture
 from orchestrator.node.hostfacts import host_facts
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids, verify_self
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import TelemetrySampler, delta, rows_in_span, scrape
-
-
-# ---------------------------------------------------------------- what crosses the Ray boundary
-# Typed values, pickled by Ray: a failure on the node is a NodeError (data, never an exception the
-# driver would have to unpickle), everything else its own dataclass.
-
-
-@dataclass(frozen=True)
-class NodeError:
-    """A failure on the node, as data. ``kind`` is an :class:`~orchestrator.control.results.ErrorKind` value."""
-
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class CoreGrant:
-    """The cores the node's core agent gave one trial, and the host facts that go with them."""
-
-    replica: list[int]
-    client: list[int]
-    client_isolated: bool
-    host: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ReplicaUp:
-    """A replica that answers: where, with which tokenizer, what to record; ``repin_s`` after a re-pin."""
-
-    base_url: str
-    tokenizer_path: str
-    params: dict[str, Any]
-    model_dir: str = ""
-    repin_s: float | None = None
-    startup: dict[str, float] = field(default_factory=dict)  # start-up phases (orchestrator.node.startup)
-
-
-@dataclass(frozen=True)
-class BareRun:
-    """A reference client's per-request rows (the bare client, or ``vllm bench serve``)."""
-
-    rows: list[dict[str, Any]]
-    client: str = "bare"
-
-
-@dataclass(frozen=True)
-class WindowSpan:
-    """Where a window's requests ran, on the host's monotonic clock (ns): first send to last completion,
-    and the window's nominal end (what ran after it is the drain)."""
-
-    start_ns: int
-    end_ns: int
-    window_end_ns: int
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """Whether the replica's server process still runs, and the end of its log when it does not."""
-
-    alive: bool
-    log_tail: str = ""
-
-
-@dataclass(frozen=True)
-class WindowFigures:
-    """What the replica actor measured over one window (``end_window``).
-
-    ``rows`` are every telemetry sample of the sampler's life (``t`` in seconds since it started);
-    ``span_rows`` only those inside the requests' span, which the window's means are taken over, so
-    the workload's set-up and its post-processing never dilute them. ``span`` records the span's
-    bounds beside the figures: ``window_span_s`` (first send to last completion), ``window_drain_s``
-    (of that, after the window's nominal end), ``accounting_s`` (what the CPU accounting and roles
-    covered: the span plus the calls around it) and ``telemetry_outside_span_s``.
-    """
-
-    server: dict[str, float]
-    rows: list[dict[str, Any]]
-    span_rows: list[dict[str, Any]]
-    alive: bool
-    block_size: int | None
-    accounting: dict[str, float] = field(default_factory=dict)
-    attribution: dict[str, float] = field(default_factory=dict)
-    attribution_params: dict[str, str] = field(default_factory=dict)
-    span: dict[str, float] = field(default_factory=dict)
+from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
 
 
 @ray.remote(num_cpus=0)
@@ -529,8 +445,8 @@ class WorkloadActor:
 
     def __init__(self) -> None:
         self.cpus: frozenset[int] = frozenset()
-        self._prepared: Any = None  # workloads.runner.Prepared, built before the window
-        self._loaded: Any = None  # workloads.runner.Loaded, the window's load phase
+        self._prepared: Any = None  # workloads.run_workload.Prepared, built before the window
+        self._loaded: Any = None  # workloads.run_workload.Loaded, the window's load phase
 
     def pin(self, cpus: list[int]) -> Verification:
         pin_process(cpus)
@@ -568,7 +484,7 @@ class WorkloadActor:
 
     def prepare(self, workload_json: str, tokenizer_path: str, trace: tuple[str, Any] | None = None) -> int:
         """Build the window's text and sessions now, before its span opens; returns the session count."""
-        from workloads.runner import prepare
+        from workloads.run_workload import prepare
 
         self._prepared = prepare(_workload_spec(localize(workload_json, trace)), tokenizer_path)
         self._loaded = None
@@ -576,7 +492,7 @@ class WorkloadActor:
 
     def load(self, base_url: str, model: str) -> Any:
         """The window's requests and nothing else (``prepare`` first); ``finish`` adds the client counts."""
-        from workloads.runner import load_sync
+        from workloads.run_workload import load_sync
 
         assert self._prepared is not None, "prepare() first"
         self._loaded = load_sync(self._prepared, base_url=base_url, model=model)
@@ -586,7 +502,7 @@ class WorkloadActor:
         """Replay the prompts the last window sent with vLLM's own ``vllm bench serve`` (``workloads.benchserve``),
         turn-major at the window's concurrency, from a child process on this actor's cores; after ``load``."""
         from workloads import benchserve
-        from workloads.runner import strategy_for
+        from workloads.run_workload import strategy_for
 
         if self._prepared is None or self._loaded is None:
             return NodeError("internal", "vllm bench serve replays a window's prompts: run the window first")
@@ -608,7 +524,7 @@ class WorkloadActor:
 
     def finish(self) -> Any:
         """The window's run with ``client_tokenize: after`` applied, outside the measured span."""
-        from workloads.runner import tokenize_after
+        from workloads.run_workload import tokenize_after
 
         assert self._prepared is not None and self._loaded is not None, "load() first"
         return tokenize_after(self._prepared, self._loaded)
@@ -622,5 +538,5 @@ def _workload_spec(workload_json: str) -> Any:
     return TypeAdapter(WorkloadSpec).validate_json(workload_json)
 
 
-__all__ = ["BareRun", "CoreGrant", "NodeCoreAgent", "NodeError", "ReplicaActor", "ReplicaUp", "ServerStatus", "WindowFigures",
-           "WindowSpan", "WorkloadActor", "core_agent", "localize", "window_series"]
+__all__ = ["NodeCoreAgent", "ReplicaActor",
+           "WorkloadActor", "core_agent", "localize", "window_series"]

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.node.hostfacts import vllm_version
 from workloads.metrics import percentile
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -88,8 +89,6 @@ def parse_version(text: str | None) -> tuple[int, int] | None:
 
 
 def _installed_version() -> str:
-    from orchestrator.node.replica import vllm_version  # late: replica imports this module
-
     return vllm_version()
 
 

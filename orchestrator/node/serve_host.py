@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.node.replica import MULTICAST_OFF_COMPILATION_CONFIG
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 
 Role = Literal["serving", "frontend", "ray"]
 APP_NAME = "trial"
@@ -309,7 +309,7 @@ def main(argv: list[str]) -> int:
         return 2
     from ray import serve
 
-    from orchestrator.control.services import ray_on_loopback
+    from orchestrator.infra.local_servers import ray_on_loopback
 
     started = {"ray": False, "serve": False}
 

@@ -47,16 +47,17 @@ from typing import Any
 
 import psutil
 
-from orchestrator.control.lifeline import Lifeline
-from orchestrator.control.net import http_ok
-from orchestrator.control.results import ErrorKind
+from orchestrator.infra.lifeline import Lifeline
+from orchestrator.infra.net import http_ok
+from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist
-from orchestrator.node.replica import ReplicaError, VllmReplica, vllm_version
+from orchestrator.node.replica import ReplicaError, VllmReplica
+from orchestrator.node.hostfacts import vllm_version
 from orchestrator.node.restrict import Restriction, Verification, thread_cpus, thread_ids, tree_pids
 from orchestrator.node.serve_host import (CGROUP_ENV, CPUS_ENV, Role, engine_kwargs, host_spec, llm_config,
                                           process_sets, roots)
 from orchestrator.node.startup import read_log
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 
 # What a Ray worker inherits from the cluster it runs in; the serve host must start a Ray of its own.
 OUTER_RAY_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_NODE_ID",

@@ -476,24 +476,6 @@ def rows_in_span(rows: Iterable[Mapping[str, Any]], t0: float, t1: float) -> lis
     return sorted(out, key=lambda r: float(r["t"]))
 
 
-def summarize_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """``<name>_mean`` and ``<name>_max`` of every series (NaN and None values skipped)."""
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        v = r.get("value")
-        if v is None:
-            continue
-        v = float(v)
-        if math.isnan(v):
-            continue
-        by_name[str(r["name"])].append(v)
-    out: dict[str, float] = {}
-    for name, vals in sorted(by_name.items()):
-        out[f"{name}_mean"] = sum(vals) / len(vals)
-        out[f"{name}_max"] = max(vals)
-    return out
-
 
 __all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
-           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape",
-           "summarize_series"]
+           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape"]

@@ -1,1 +1,1 @@
-"""Observe: what a sweep leaves behind: the summary metrics of a trial, the outbox, MLflow tracking, and the report."""
+"""Observe: what a sweep leaves behind: a trial's summary metrics, the outbox, MLflow tracking, the sweep's own record (time use), and the report (report/) with its analyses (analysis/); the provisioning study (provisioning/) stands apart. Imports neither node nor control."""

@@ -32,8 +32,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from orchestrator.plan.expand import SweepPlan, TrialSpec
-from orchestrator.control.results import TrialResult, TrialStatus
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.values.results import TrialResult, TrialStatus
 
 FORMAT_VERSION = 1
 MAX_PARAM_LEN = 6000   # MLflow's limit on a param value

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
@@ -137,12 +138,11 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
                     slo: Any = None) -> dict[str, float]:
     """Workload metrics (from the request records) + server /metrics deltas + telemetry means.
 
-    ``run`` is a ``workloads.WorkloadRun``; ``slo`` an ``orchestrator.plan.spec.SloSpec`` (or None):
+    ``run`` is a ``workloads.WorkloadRun``; ``slo`` an ``orchestrator.values.sweep_spec.SloSpec`` (or None):
     with it, ``goodput_rps`` (ok requests within every given SLO per second of the run) and the SLO
     itself (``slo_ttft_s``, ``slo_tpot_s``) are recorded. NaN and None values are dropped, since
     MLflow cannot compare them.
     """
-    from orchestrator.node.telemetry import summarize_series
     from workloads.metrics import summarize
 
     ttft_slo = getattr(slo, "ttft_s", None)
@@ -158,4 +158,23 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
 
 
-__all__ = ["FOREIGN_WARN", "LOAD_GAP", "crosscheck_load", "crosscheck_metrics", "in_flight_mean", "load_warnings", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_trial"]
+def summarize_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """``<name>_mean`` and ``<name>_max`` of every series (NaN and None values skipped)."""
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        v = r.get("value")
+        if v is None:
+            continue
+        v = float(v)
+        if math.isnan(v):
+            continue
+        by_name[str(r["name"])].append(v)
+    out: dict[str, float] = {}
+    for name, vals in sorted(by_name.items()):
+        out[f"{name}_mean"] = sum(vals) / len(vals)
+        out[f"{name}_max"] = max(vals)
+    return out
+
+
+__all__ = ["FOREIGN_WARN", "LOAD_GAP", "crosscheck_load", "crosscheck_metrics", "in_flight_mean", "load_warnings", "replay_fidelity_of", "sessions_of", "special_tokens", "summarize_series",
+           "summarize_trial"]

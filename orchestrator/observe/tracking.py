@@ -42,10 +42,10 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
 from orchestrator.observe import outbox
-from orchestrator.control.callbacks import Callback, CallbackList
-from orchestrator.plan.expand import SweepPlan, TrialSpec
-from orchestrator.control.results import TrialResult
-from orchestrator.node.telemetry import summarize_series
+from orchestrator.values.callbacks import Callback, CallbackList
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.values.results import TrialResult
+from orchestrator.observe.summary import summarize_series
 
 log = logging.getLogger(__name__)
 

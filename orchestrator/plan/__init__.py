@@ -1,1 +1,1 @@
-"""Plan: the sweep YAML a user writes (spec), its pure expansion into trials (expand), the model shapes, and the preflight checks of every input."""
+"""Plan: loading the sweep YAML a user writes (load), its pure expansion into trials (expand), building model shape folders (models), and the preflight checks of every input. The values themselves are in ``orchestrator.values``."""

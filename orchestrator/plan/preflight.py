@@ -6,7 +6,7 @@ fail each trial of ``orchestrator run`` only after Ray, MLflow and a vLLM replic
 trial reads from files is read here first, once, and every problem is reported at once,
 one line each, naming the file and line.
 
-What is checked (the spec's own fields were validated by ``orchestrator.plan.spec``):
+What is checked (the spec's own fields were validated by ``orchestrator.values.sweep_spec``):
 
 - every workload's sessions load with the real loaders (``workloads.loaders.load_sessions``,
   once per distinct workload), so a trace file that is missing or has a bad line fails with
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from orchestrator.plan.models import SHAPES, Tokenizer
-from orchestrator.plan.spec import HubModel, ShapeModel, SweepSpec
+from orchestrator.values.shapes import SHAPES, Tokenizer
+from orchestrator.values.sweep_spec import HubModel, ShapeModel, SweepSpec
 from workloads.loaders import TraceError, load_sessions
 
 Severity = Literal["error", "warning"]

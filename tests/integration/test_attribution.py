@@ -19,9 +19,9 @@ from orchestrator.node.replica import VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids
 from orchestrator.node.stack_categories import CATEGORIES
 from orchestrator.node.stacks import StackSampler, coverage, find_py_spy
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads import run_workload_sync
 from workloads.spec import AgenticWorkload, TokenRange
 

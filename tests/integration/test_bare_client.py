@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import VllmReplica, free_port, port_is_free
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.bare import crosscheck_ratio
 from workloads.loaders import generate_agentic, load_sessions
 from workloads.metrics import ttft_s

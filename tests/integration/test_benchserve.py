@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node.replica import VllmReplica, free_port, port_is_free
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.bare import percentile
 from workloads.benchserve import BenchServeRun, run_bench_serve, window_items
 from workloads.metrics import ttft_s
-from workloads.runner import load_sync, prepare
+from workloads.run_workload import load_sync, prepare
 from workloads.spec import AgenticWorkload, RecordedWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

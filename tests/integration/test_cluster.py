@@ -24,9 +24,9 @@ from orchestrator.node.cores import NODE_CPUS_ENV
 from orchestrator.control.placement import ACCEL_LABEL
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.control.results import ErrorKind, TrialStatus
-from orchestrator.control.services import ray_on_loopback
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.results import ErrorKind, TrialStatus
+from orchestrator.infra.local_servers import ray_on_loopback
+from orchestrator.plan.load import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 CPUS = sorted(os.sched_getaffinity(0))

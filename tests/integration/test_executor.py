@@ -15,8 +15,8 @@ import ray
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.control.results import ErrorKind, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.results import ErrorKind, TrialStatus
+from orchestrator.plan.load import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

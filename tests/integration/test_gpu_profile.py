@@ -18,9 +18,9 @@ import pytest
 from orchestrator.node.gpu_profile import TRACE_GLOB, GpuProfileCapture, profiler_launch
 from orchestrator.node.replica import VllmReplica, free_port, port_is_free
 from orchestrator.node.restrict import pid_alive
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

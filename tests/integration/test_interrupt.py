@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.services import still_running, tree
+from orchestrator.infra.local_servers import still_running, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -29,7 +29,7 @@ _DRIVER = """
     import sys, time
     import ray
     import orchestrator.control.ray_executor as rx
-    from orchestrator.control.results import TrialResult, TrialStatus
+    from orchestrator.values.results import TrialResult, TrialStatus
 
     @ray.remote(num_cpus=0)
     def nap(seconds):
@@ -111,8 +111,8 @@ def test_sigterm_closes_the_sweep_and_leaves_nothing_running(tmp_path: Path):
 
     from mlflow import MlflowClient
 
-    from orchestrator.control import survivors
-    from orchestrator.control.services import free_port, mlflow_server
+    from orchestrator.infra import survivors
+    from orchestrator.infra.local_servers import free_port, mlflow_server
 
     with mlflow_server(home / "mlflow", port=free_port()) as server:
         client = MlflowClient(server.uri)

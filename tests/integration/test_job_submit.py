@@ -45,7 +45,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.control.net import free_port
+from orchestrator.infra.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -55,7 +55,7 @@ CPUS = sorted(os.sched_getaffinity(0))
 TARGET, DECOY = "simjob", "simdecoy"
 SWEEP = "job-submit"
 # What the nodes must not inherit from this process: another cluster's address, the loopback-only
-# switch of orchestrator.control.services (it makes `ray start --address` refuse to join), this test's own
+# switch of orchestrator.infra.local_servers (it makes `ray start --address` refuse to join), this test's own
 # services, a simulated node's cores.
 SCRUB = ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "MLFLOW_TRACKING_URI", "ORCH_HOME", "ORCH_NODE_CPUS",
          "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

@@ -17,16 +17,16 @@ import psutil
 import pytest
 
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import VllmReplica, free_port, port_is_free
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.client import StreamingClient
 from workloads.loaders import load_sessions
 from workloads.loadgen import LoadGenerator, LoadResult
 from workloads.metrics import summarize
 from workloads.protocols import Request
 from workloads.records import RequestRecord
-from workloads.runner import strategy_for
+from workloads.run_workload import strategy_for
 from workloads.spec import AgenticWorkload, RecordedWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

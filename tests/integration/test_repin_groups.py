@@ -17,7 +17,7 @@ import ray
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import chains, expand
-from orchestrator.plan.spec import parse_spec
+from orchestrator.plan.load import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

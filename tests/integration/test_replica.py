@@ -15,12 +15,12 @@ import pytest
 
 from orchestrator.node.cores import format_cpulist
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, port_is_free
 from orchestrator.node.restrict import ROOT_NAME, pid_alive
-from orchestrator.control.results import ErrorKind
+from orchestrator.values.results import ErrorKind
 from orchestrator.node.startup import compile_cache_entries
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

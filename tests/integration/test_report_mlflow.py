@@ -21,11 +21,12 @@ from click.testing import CliRunner
 from mlflow import MlflowClient
 
 from orchestrator.cli import main
-from orchestrator.control.net import free_port
-from orchestrator.control.results import TrialResult, TrialStatus
+from orchestrator.infra.net import free_port
+from orchestrator.values.results import TrialResult, TrialStatus
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, parent_run
-from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import parse_spec
 from workloads.metrics import summarize, ttft_s
 from workloads.records import RequestRecord
 

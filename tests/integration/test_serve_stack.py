@@ -15,15 +15,15 @@ from typing import Any, Iterator
 import pytest
 import ray
 
-from orchestrator.control.net import free_port, port_is_free
-from orchestrator.control.services import ray_on_loopback
+from orchestrator.infra.net import free_port, port_is_free
+from orchestrator.infra.local_servers import ray_on_loopback
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError
 from orchestrator.node.restrict import pid_alive
 from orchestrator.node.serve_replica import ServeReplica
-from orchestrator.plan.expand import TrialSpec
+from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.models import build_shape
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads import run_workload_sync
 from workloads.spec import AgenticWorkload, TokenRange
 

@@ -17,9 +17,9 @@ import pytest
 import ray
 
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.control.results import ErrorKind, TrialStatus
+from orchestrator.values.results import ErrorKind, TrialStatus
 from orchestrator.plan.expand import expand
-from orchestrator.plan.spec import parse_spec
+from orchestrator.plan.load import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

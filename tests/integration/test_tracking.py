@@ -27,9 +27,10 @@ from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 
 from orchestrator.observe import outbox
-from orchestrator.plan.expand import SweepPlan, TrialSpec, expand
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.plan.expand import expand
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.load import parse_spec
 from orchestrator.node.telemetry import TelemetrySampler, scrape
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, mlflow_server_ok, sync_outbox
 from workloads.records import RequestRecord

@@ -91,7 +91,7 @@ def test_launch_chooses_flags_or_the_old_environment_by_version(tmp_path: Path) 
 
 
 def test_the_installed_version_is_used_when_none_is_given(tmp_path: Path) -> None:
-    from orchestrator.node.replica import vllm_version
+    from orchestrator.node.hostfacts import vllm_version
 
     assert profiler_args(tmp_path) == profiler_args(tmp_path, vllm_version())
 

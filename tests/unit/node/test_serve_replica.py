@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.results import ErrorKind
+from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError, build_vllm_command
 from orchestrator.node.serve_host import (APP_NAME, CGROUP_ENV, CPUS_ENV, HOOK, classify, engine_kwargs, host_spec,
                                           llm_config, parse_cli_args, placement_bundles, process_sets, roots)
 from orchestrator.node.serve_replica import (OUTER_RAY_ENV, PROJECT_ROOT, ServeReplica, frontend_cpus, host_env,
                                              merge, verify_pids)
-from orchestrator.plan.expand import TrialSpec
-from orchestrator.plan.spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.trial import TrialSpec
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
 NODE = frozenset(os.sched_getaffinity(0))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.plan.expand import TrialSpec, expand
-from orchestrator.plan.spec import SpecError, TelemetrySpec, parse_spec
+from orchestrator.values.trial import TrialSpec
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import SpecError, parse_spec
+from orchestrator.values.sweep_spec import TelemetrySpec
 
 
 def spec(**telemetry: object) -> dict[str, object]:

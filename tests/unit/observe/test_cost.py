@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from orchestrator.observe.cost import OUT_COLUMNS, knee_cost_ratio, knee_costs
+from orchestrator.observe.analysis.cost import OUT_COLUMNS, knee_cost_ratio, knee_costs
 
 CONFIG = {"model": "m", "hardware": "H200", "gpus": 1, "vllm_variant": "default", "api_servers": 1, "workload": "w",
           "text_style": "agent-mix", "restriction": "cpuset", "start": "fresh"}

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from orchestrator.observe.diagnosis import diagnose
+from orchestrator.observe.analysis.diagnosis import diagnose
 
 CONFIG = {"model": "llama-3.1-8b", "hardware": "H200", "gpus": 1, "vllm_variant": "default", "api_servers": 1,
           "workload": "long", "text_style": "uniform", "restriction": "cpuset", "start": "fresh"}

@@ -6,11 +6,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.observe import provisioning_cli
-from orchestrator.observe.cluster_traces import combine, load_trace
-from orchestrator.observe.provisioning import (cdf_figure, cdf_table, ecdf, median, render_shares, render_starvation,
-                                               share_below, shares_table, starvation_table, sweep_knees)
-from orchestrator.observe.provisioning_cli import provisioning
+from orchestrator.observe.provisioning import cli as provisioning_cli
+from orchestrator.observe.provisioning.cluster_traces import combine, load_trace
+from orchestrator.observe.provisioning.analysis import (cdf_figure, cdf_table, ecdf, median, render_shares,
+                                                        render_starvation, share_below, shares_table,
+                                                        starvation_table, sweep_knees)
+from orchestrator.observe.provisioning.cli import provisioning
 
 POD_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
               "scheduled_time")
@@ -107,10 +108,10 @@ def test_summary_without_cores_answers_nothing_but_is_shown(tmp_path):
 
 
 def _comparison(gpus, ttft):
-    from orchestrator.control.results import TrialResult, TrialStatus
-    from orchestrator.observe.report import comparison, results_frame
+    from orchestrator.values.results import TrialResult, TrialStatus
+    from orchestrator.observe.report.comparison import comparison, results_frame
     from orchestrator.plan.expand import expand
-    from orchestrator.plan.spec import parse_spec
+    from orchestrator.plan.load import parse_spec
 
     p = expand(parse_spec({"name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
                            "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from orchestrator.observe.cluster_traces import ClusterTraceError, combine, detect_format, load_trace
+from orchestrator.observe.provisioning.cluster_traces import ClusterTraceError, combine, detect_format, load_trace
 
 POD_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
               "scheduled_time")

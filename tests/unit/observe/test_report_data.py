@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from orchestrator.observe import outbox
-from orchestrator.observe.report_data import (ReportInputError, first_slo, from_outbox, pending_note, read_records,
+from orchestrator.observe.report.data import (ReportInputError, first_slo, from_outbox, pending_note, read_records,
                                               slo_of)
-from orchestrator.observe.report_tables import Slo
-from orchestrator.observe.report_writer import load_sweep
+from orchestrator.observe.report.tables import Slo
+from orchestrator.observe.report.writer import load_sweep
 from workloads.records import records_to_frame
 
 
@@ -36,7 +36,7 @@ def test_of_several_entries_of_a_trial_the_finished_one_counts(tmp_path: Path, m
     box = tmp_path / "outbox"
     plan = make_outbox(box, lambda t: make_records(0.1, 10), cores=(1,))
     t = plan.trials[0]
-    from orchestrator.control.results import ErrorKind, TrialResult
+    from orchestrator.values.results import ErrorKind, TrialResult
     later = outbox.trial_payload(t, TrialResult.failed(t.trial_id, ErrorKind.NODE_DIED, "lost"))
     outbox.commit(outbox.stage_trial(box, later))
     data = from_outbox(box, "box-sweep", reason="test")

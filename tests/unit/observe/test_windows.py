@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.observe.windows import (PHASES, LeaseTimeline, Span, between_leases, lease_share, phase_seconds, share_metrics,
-                                          timeline_from_events, unit_shares)
+from orchestrator.observe.time_use import (PHASES, LeaseTimeline, Span, between_leases, lease_share, phase_seconds,
+                                           share_metrics, timeline_from_events, unit_shares)
 
 A1 = timeline_from_events("a1", [("start", 0), ("ready", 200), ("warmup", 205), ("warmup_end", 215),
                                  ("window", 220), ("window_end", 262), ("crosscheck", 265), ("crosscheck_end", 280),
@@ -96,7 +96,7 @@ def test_bad_input_is_refused() -> None:
 
 
 def test_time_use_lines_name_the_unit_and_the_phases() -> None:
-    from orchestrator.observe.windows import describe_time_use
+    from orchestrator.observe.time_use import describe_time_use
 
     figures = {"gpu_held_s": 200.0, "gpu_window_s": 50.0, "gpu_starting_s": 120.0, "gpu_warmup_s": 10.0,
                "gpu_crosscheck_s": 0.0, "gpu_teardown_s": 10.0, "gpu_idle_s": 10.0, "gpu_window_share": 0.25}
@@ -118,7 +118,7 @@ def test_between_leases_counts_a_nodes_gaps_weighted_by_the_next_lease() -> None
     figures = share_metrics(unit_shares([a, b]), between_leases([a, b]))
     assert figures["gpu_between_leases_s"] == pytest.approx(4.0)
     assert figures["gpu_node_window_share"] == pytest.approx(70.0 / 200.0)
-    from orchestrator.observe.windows import describe_time_use
+    from orchestrator.observe.time_use import describe_time_use
 
     assert "4 GPU-s more between leases" in describe_time_use(figures)[0]
     assert between_leases([]) == {}

@@ -4,8 +4,8 @@ import pytest
 
 from orchestrator.control.controller import SweepController
 from orchestrator.plan.expand import expand
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.load import parse_spec
 from orchestrator.control.trial import IllegalTransition, Trial, TrialState
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.control.controller import SweepController
 from orchestrator.plan.expand import chain_key, chains, expand, replica_key, start_key
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.load import parse_spec
 from orchestrator.control.trial import TrialState
 
 DUR = 0.2

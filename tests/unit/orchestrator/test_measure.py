@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 
 from orchestrator.control.measure import STEPS, Window, WindowSequence, order_label, order_of
-from orchestrator.control.results import ErrorKind, TrialFailure, TrialStatus
-from orchestrator.node.actors import (BareRun, CoreGrant, ReplicaUp, ServerStatus, WindowFigures, WindowSpan,
-                                      window_series)
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialStatus
+from orchestrator.values.wire import BareRun, CoreGrant, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
+from orchestrator.node.actors import window_series
 from orchestrator.node.restrict import Verification
-from orchestrator.node.telemetry import TelemetrySampler, summarize_series
+from orchestrator.node.telemetry import TelemetrySampler
+from orchestrator.observe.summary import summarize_series
 from orchestrator.plan.expand import expand
-from orchestrator.plan.spec import parse_spec
+from orchestrator.plan.load import parse_spec
 from workloads.records import RequestRecord
-from workloads.runner import WorkloadRun
+from workloads.run_workload import WorkloadRun
 
 NS = 1_000_000_000
 OK = Verification(True, "affinity", "0", 1, 1)
@@ -266,7 +267,7 @@ def test_a_server_found_dead_at_any_step_is_server_died(tmp_path: Path, step: st
 def test_references_table_puts_the_three_clients_side_by_side_with_their_spread() -> None:
     import pandas as pd
 
-    from orchestrator.observe.report import references
+    from orchestrator.observe.report.comparison import references
 
     rows = []
     for rep, (h, b, v) in enumerate([(0.50, 0.60, 0.62), (0.55, 0.58, 0.60), (0.52, 0.70, 0.64)]):

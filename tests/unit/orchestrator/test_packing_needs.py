@@ -6,7 +6,7 @@ from orchestrator.node.cores import CoreAllocator, NodeTopology
 from orchestrator.control.placement import Node, NodeBook
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import need_of
-from orchestrator.plan.spec import parse_spec
+from orchestrator.plan.load import parse_spec
 
 
 def _trial(isolation: str, cores: int = 2):

@@ -18,9 +18,10 @@ from click.testing import CliRunner
 
 from orchestrator import cli
 from orchestrator.plan import preflight as pf
-from orchestrator.plan.models import LLAMA3, QWEN3, ModelError
-from orchestrator.control.results import ErrorKind
-from orchestrator.plan.spec import SpecError, load_spec
+from orchestrator.values.shapes import LLAMA3, QWEN3
+from orchestrator.plan.models import ModelError
+from orchestrator.values.results import ErrorKind
+from orchestrator.plan.load import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 GOOD = {"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
@@ -132,7 +133,7 @@ def test_the_installed_command_fails_fast_too(tmp_path):
 @pytest.fixture
 def no_services(monkeypatch):
     """Starting Ray or MLflow is a test failure: preflight must stop `run` before either."""
-    import orchestrator.control.services as services
+    import orchestrator.infra.local_servers as services
 
     def refuse(*_a, **_k):
         raise AssertionError("a service was started")
@@ -229,10 +230,10 @@ def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
 
 def _boundary_exceptions():
     from orchestrator.node.cores import CannotFit
-    from orchestrator.control.results import TrialFailure
+    from orchestrator.values.results import TrialFailure
     from orchestrator.node.replica import ReplicaError
     from orchestrator.node.restrict import RestrictionError
-    from orchestrator.control.services import ServiceError
+    from orchestrator.infra.local_servers import ServiceError
     from workloads.bare import BareError
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError

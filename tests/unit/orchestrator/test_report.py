@@ -3,9 +3,9 @@
 import math
 
 from orchestrator.plan.expand import expand
-from orchestrator.observe.report import comparison, render, results_frame
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.observe.report.comparison import comparison, render, results_frame
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.load import parse_spec
 
 
 def test_speedup_and_knee():
@@ -40,7 +40,7 @@ def test_failed_trials_stay_in_the_table_without_speedup():
 
 
 def test_calibration_pairs_fresh_and_repin():
-    from orchestrator.observe.report import calibration
+    from orchestrator.observe.report.comparison import calibration
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
@@ -59,7 +59,7 @@ def test_calibration_pairs_fresh_and_repin():
 def test_costs_of_cores_against_gpus():
     import pandas as pd
 
-    from orchestrator.observe.report import costs
+    from orchestrator.observe.report.comparison import costs
 
     df = pd.DataFrame([
         {"trial_id": "a", "gpus": 1, "cores": 1, "status": "COMPLETED", "ttft_p50_s": 0.3, "request_throughput_rps": 5.0},
@@ -73,7 +73,7 @@ def test_costs_of_cores_against_gpus():
 
 
 def test_repeats_are_aggregated_with_their_spread_flagged():
-    from orchestrator.observe.report import spread_warnings
+    from orchestrator.observe.report.comparison import spread_warnings
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
@@ -146,7 +146,7 @@ def test_outbox_payloads_and_mlflow_runs_give_the_same_rows():
     from types import SimpleNamespace
 
     from orchestrator.observe import outbox
-    from orchestrator.observe.report import payloads_frame, runs_frame
+    from orchestrator.observe.report.comparison import payloads_frame, runs_frame
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
@@ -166,7 +166,7 @@ def test_outbox_payloads_and_mlflow_runs_give_the_same_rows():
 
 
 def test_attribution_metrics_reach_the_comparison_and_the_diagnosis():
-    from orchestrator.observe.diagnosis import diagnose
+    from orchestrator.observe.analysis.diagnosis import diagnose
 
     p = expand(parse_spec({
         "name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],

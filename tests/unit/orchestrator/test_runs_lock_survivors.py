@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.control import survivors
-from orchestrator.control.homelock import HomeBusy, holder, home_lock
-from orchestrator.control.services import _handlers, _restore, listens_in_tree, tree
+from orchestrator.infra import survivors
+from orchestrator.infra.homelock import HomeBusy, holder, home_lock
+from orchestrator.infra.local_servers import _handlers, _restore, listens_in_tree, tree
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +58,7 @@ def _gone(pids: list[int], timeout_s: float = 10.0) -> bool:
 def test_a_second_run_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken(tmp_path: Path):
     child = _python(f"""
         import time
-        from orchestrator.control.homelock import home_lock
+        from orchestrator.infra.homelock import home_lock
         with home_lock({str(tmp_path)!r}):
             print("locked", flush=True)
             time.sleep(60)
@@ -155,7 +155,7 @@ def test_the_listener_must_be_in_our_tree(tmp_path: Path):
 
 _STARTER = """
     import subprocess, time
-    from orchestrator.control.lifeline import Lifeline
+    from orchestrator.infra.lifeline import Lifeline
     line = Lifeline(grace_s=2)
     p = subprocess.Popen(line.wrap(["sh", "-c", "sleep 60 & wait"]), pass_fds=line.pass_fds, start_new_session=True)
     line.started()
@@ -200,7 +200,7 @@ def test_the_lifeline_ends_the_workers_when_the_server_alone_is_killed():
 
 
 def test_the_lifeline_passes_the_exit_code_and_a_cut_ends_the_server():
-    from orchestrator.control.lifeline import Lifeline
+    from orchestrator.infra.lifeline import Lifeline
 
     line = Lifeline()
     proc = subprocess.run(line.wrap(["sh", "-c", "exit 3"]), pass_fds=line.pass_fds, timeout=20)
@@ -217,8 +217,8 @@ def test_the_lifeline_passes_the_exit_code_and_a_cut_ends_the_server():
 def test_the_guardian_ends_what_it_was_handed_when_its_owner_dies():
     owner = _python("""
         import subprocess, time
-        from orchestrator.control import survivors
-        from orchestrator.control.lifeline import Guardian
+        from orchestrator.infra import survivors
+        from orchestrator.infra.lifeline import Guardian
         g = Guardian(grace_s=1)
         kept = subprocess.Popen(["sleep", "60"])  # in the owner's group: only the process may be ended
         g.watch([survivors.entry_of("ray", kept.pid, group=False)])
@@ -250,7 +250,7 @@ def test_signal_handlers_replaced_by_ray_init_are_put_back():
 # ---------------------------------------------------------------- the cli on signals
 _FAKE_RUN = """
     import sys, time
-    import orchestrator.runner as runner
+    import orchestrator.sweep as runner
 
     def fake_run_sweep(spec, spec_path, home, *, console, resume=True):
         try:

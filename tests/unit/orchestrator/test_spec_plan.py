@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.expand import expand
-from orchestrator.plan.spec import SpecError, load_spec, parse_spec
+from orchestrator.plan.load import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,9 +10,10 @@ import pytest
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.actors import profile_delay
 from orchestrator.node.replica import build_vllm_command, server_env
-from orchestrator.observe.report import calibration
+from orchestrator.observe.report.comparison import calibration
 from orchestrator.plan.expand import chains, expand, match_load_sizes
-from orchestrator.plan.spec import SpecError, parse_bytes, parse_spec
+from orchestrator.plan.load import SpecError, parse_spec
+from orchestrator.values.sweep_spec import parse_bytes
 from workloads.spec import AgenticWorkload, MooncakeWorkload
 
 

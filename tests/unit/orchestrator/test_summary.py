@@ -70,7 +70,7 @@ SLO_RECORDS = [timed("a:0", 0, 100, 500, 11), timed("b:0", 0, 900, 1000, 2), tim
 
 def test_goodput_counts_the_requests_within_the_slo() -> None:
     from orchestrator.observe.summary import summarize_trial
-    from orchestrator.plan.spec import SloSpec
+    from orchestrator.values.sweep_spec import SloSpec
 
     rows = [{"t": 1.0, "name": "server_num_requests_running", "value": 1.0},
             {"t": 2.0, "name": "server_num_requests_running", "value": 2.0}]

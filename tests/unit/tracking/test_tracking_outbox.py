@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 from orchestrator.observe import outbox
-from orchestrator.plan.expand import SweepPlan, expand
-from orchestrator.control.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.spec import parse_spec
+from orchestrator.values.trial import SweepPlan
+from orchestrator.plan.expand import expand
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.load import parse_spec
 from workloads.records import RequestRecord
 
 

@@ -8,9 +8,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from orchestrator.node.telemetry import (
-    MetricsSnapshot, TelemetrySampler, delta, histogram_quantile, open_gpu_reader, parse_metrics, summarize_series,
-)
+from orchestrator.node.telemetry import (MetricsSnapshot, TelemetrySampler, delta, histogram_quantile,
+                                         open_gpu_reader, parse_metrics)
+from orchestrator.observe.summary import summarize_series
 
 MODEL = "/models/tiny-llama"
 TTFT_LE = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5)

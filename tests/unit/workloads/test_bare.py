@@ -14,7 +14,7 @@ import pytest
 
 from workloads.bare import BareClient, crosscheck_ratio, parse_cpus, percentile
 from workloads.loaders import generate_agentic, load_sessions
-from workloads.runner import run_workload_sync
+from workloads.run_workload import run_workload_sync
 from workloads.spec import AgenticWorkload, MooncakeWorkload, RecordedWorkload, TokenRange
 from workloads.text import bundled_tokenizer_path
 

@@ -14,7 +14,8 @@ import pytest
 import zstandard
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.plan.models import CHATML_TEMPLATE, LLAMA3, QWEN3, _ensure_chat_template
+from orchestrator.values.shapes import CHATML_TEMPLATE, LLAMA3, QWEN3
+from orchestrator.plan.models import _ensure_chat_template
 from workloads.client import StreamingClient
 from workloads.loaders import TraceError, load_sessions
 from workloads.loaders.recorded import estimate_tokens
@@ -22,7 +23,7 @@ from workloads.loadgen import ClosedLoop, LoadGenerator
 from workloads.metrics import prompt_tokens_vs_recorded, summarize
 from workloads.protocols import Request, chat_transcript
 from workloads.records import RequestRecord, frame_to_records, records_to_frame
-from workloads.runner import run_workload_sync
+from workloads.run_workload import run_workload_sync
 from workloads.spec import RecordedWorkload, WorkloadSpec
 from workloads.text import bundled_tokenizer_path
 from workloads.trace import Message

@@ -14,7 +14,7 @@ import pytest
 
 from workloads.client import StreamingClient, _BodyEncoder
 from workloads.protocols import Request
-from workloads.runner import run_workload, run_workload_sync
+from workloads.run_workload import run_workload, run_workload_sync
 from workloads.spec import AgenticWorkload, MooncakeWorkload, TokenRange
 from workloads.text import TextFactory, bundled_tokenizer_path, token_counter
 from workloads.trace import Message

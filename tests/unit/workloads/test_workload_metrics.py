@@ -11,7 +11,7 @@ import pytest
 from workloads import metrics
 from workloads.loadgen import LoadResult
 from workloads.records import RequestRecord, frame_to_records, records_to_frame
-from workloads.runner import diagnose
+from workloads.run_workload import diagnose
 
 S = 1_000_000_000  # ns per second
 MS = 1_000_000

@@ -18,7 +18,7 @@ kernel closes it when the starter dies, however it dies, and the reader sees end
 * :class:`Guardian`, for processes whose group is not ours: the local Ray head that
   ``ray.init`` starts in the driver's own process group (GCS and raylet die with the driver,
   but its dashboard and runtime-env agents linger for minutes trying to report to the dead
-  GCS). The driver hands it processes (pid and start time, :func:`orchestrator.control.survivors.entry_of`);
+  GCS). The driver hands it processes (pid and start time, :func:`orchestrator.infra.survivors.entry_of`);
   when the pipe ends it ends those still alive, exactly as the next run's reap would.
 
 ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that forked exits (Ray runs actor
@@ -104,13 +104,13 @@ class Lifeline:
             pass
 
 
-# argv: the project root (for orchestrator.control.survivors), grace seconds. Reads JSON entries, one per line,
+# argv: the project root (for orchestrator.infra.survivors), grace seconds. Reads JSON entries, one per line,
 # from stdin until end-of-file, then ends those still alive with their recorded start time.
 GUARDIAN = """\
 import json, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 sys.path.insert(0, sys.argv[1])
-from orchestrator.control import survivors
+from orchestrator.infra import survivors
 entries = []
 for line in sys.stdin:
     entries.append(json.loads(line))

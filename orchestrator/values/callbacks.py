@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Protocol
 
-from orchestrator.plan.expand import SweepPlan, TrialSpec
-from orchestrator.control.results import TrialResult
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.values.results import TrialResult
 
 log = logging.getLogger(__name__)
 

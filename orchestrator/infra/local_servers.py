@@ -14,9 +14,9 @@ Two guards for runs that end badly or overlap:
   ``net_connections``); no token has to travel through MLflow. If ours exits because someone
   else took the port, it is started again on a free port.
 * **Nothing outlives the run.** The server is started under the watchdog of
-  :mod:`orchestrator.control.lifeline`: when the driver dies (even by SIGKILL, which runs no ``finally``)
+  :mod:`orchestrator.infra.lifeline`: when the driver dies (even by SIGKILL, which runs no ``finally``)
   the watchdog ends the server's group. With ``record_in`` every process of the group is also
-  written to ``services.json`` (:mod:`orchestrator.control.survivors`), for the next run to reap.
+  written to ``services.json`` (:mod:`orchestrator.infra.survivors`), for the next run to reap.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Iterable, Iterator
 
 import psutil
 
-from orchestrator.control import survivors
-from orchestrator.control.lifeline import Guardian, Lifeline
-from orchestrator.control.net import free_port, http_ok, port_is_free
+from orchestrator.infra import survivors
+from orchestrator.infra.lifeline import Guardian, Lifeline
+from orchestrator.infra.net import free_port, http_ok, port_is_free
 
 
 class ServiceError(RuntimeError):
@@ -261,7 +261,7 @@ def _ray_processes() -> list[psutil.Process]:
 def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -> Iterator[dict]:
     """Connect to ``RAY_ADDRESS`` if set, else start a local Ray on loopback only; shut it down after.
 
-    A local Ray's processes are handed to a :class:`~orchestrator.control.lifeline.Guardian`, which ends what
+    A local Ray's processes are handed to a :class:`~orchestrator.infra.lifeline.Guardian`, which ends what
     is left of them when this process dies (or after ``ray.shutdown()``, which leaves its agents
     behind for a while); with ``record_in`` they are also in ``services.json`` for the next run."""
     import ray

@@ -1,7 +1,7 @@
-"""The latency stand-in server (``orchestrator.node.standin``), run for real in a subprocess.
+"""The latency stand-in server (``benchmarks/standin.py``), run for real in a subprocess.
 
 The project's own consumers are the oracle: ``workloads.client.StreamingClient`` for the
-streams, ``orchestrator.node.telemetry`` for ``/metrics`` and ``orchestrator.control.net`` for health and
+streams, ``orchestrator.node.telemetry`` for ``/metrics`` and ``orchestrator.infra.net`` for health and
 the port. Small delays keep the file fast: start-up 0.2 s, TTFT 50 ms, 5 ms per token.
 Only processes started here are signalled, by their pid.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.control.net import free_port, http_ok, port_is_free
+from orchestrator.infra.net import free_port, http_ok, port_is_free
 from orchestrator.node.telemetry import delta, parse_metrics
 from workloads.client import StreamingClient
 from workloads.protocols import Message, Request
@@ -47,7 +47,7 @@ class Server:
 def spawn(tmp: Path, startup_s: float = STARTUP_S) -> tuple[subprocess.Popen, int, Path]:
     port = free_port()
     err = tmp / f"standin-{port}.log"
-    cmd = [sys.executable, "-m", "orchestrator.node.standin", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "standin.py"), "--host", "127.0.0.1", "--port", str(port),
            "--model", MODEL, "--startup-s", str(startup_s), "--ttft-ms", str(TTFT_S * 1e3),
            "--tpot-ms", str(TPOT_S * 1e3), "--max-model-len", "4096"]
     with open(err, "wb") as fh:

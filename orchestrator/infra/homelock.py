@@ -4,7 +4,7 @@ Two runs of one home would run every trial twice at once, on one MLflow store an
 ``flock`` is the lock because the kernel drops it when its holder dies, however it dies
 (SIGKILL included): a dead run's lock is simply free, with no stale-lock guessing. The fd is
 not inherited by the services the run starts (Python opens it close-on-exec), so an orphaned
-server never keeps the home locked; ``orchestrator.control.survivors.reap`` ends those instead.
+server never keeps the home locked; ``orchestrator.infra.survivors.reap`` ends those instead.
 
 The companion file ``run.pid`` says who holds the lock (pid, start time, command), so a refused
 run can name it. The lock file itself is never deleted: deleting a lock file lets two runs lock

@@ -1,6 +1,6 @@
 """``orchestrator provisioning TRACE...``: cores per GPU in public cluster traces, against a sweep's knee.
 
-Reads each trace (:mod:`orchestrator.observe.cluster_traces`), prints per trace and GPU type the
+Reads each trace (:mod:`orchestrator.observe.provisioning.cluster_traces`), prints per trace and GPU type the
 median cores per GPU and the shares of jobs below 2, 4 and 8, and with a knee (given, or the
 measured knee of a sweep in MLflow) the share of jobs that would starve. Writes into ``--out``:
 ``shares.csv``, ``cdf.csv`` (the CDF points), ``cdf.png`` and, with a knee, ``starvation.csv``.
@@ -33,9 +33,9 @@ def measured_knees(sweep: str, home: str | None) -> dict[str, float]:
         raise click.ClickException(f"--sweep {sweep}: no MLFLOW_TRACKING_URI and no local MLflow store at {store}")
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.control.services import free_port, mlflow_server
-    from orchestrator.observe.provisioning import sweep_knees
-    from orchestrator.observe.report import comparison, runs_frame
+    from orchestrator.infra.local_servers import free_port, mlflow_server
+    from orchestrator.observe.provisioning.analysis import sweep_knees
+    from orchestrator.observe.report.comparison import comparison, runs_frame
     from orchestrator.observe.tracking import trial_runs
 
     with mlflow_server(store, port=free_port()) as server:
@@ -70,8 +70,8 @@ def provisioning(traces: tuple[str, ...], knee_values: tuple[float, ...], sweeps
     """
     from rich.console import Console
 
-    from orchestrator.observe import provisioning as prov
-    from orchestrator.observe.cluster_traces import ClusterTraceError, combine, load_trace
+    from orchestrator.observe.provisioning import analysis as prov
+    from orchestrator.observe.provisioning.cluster_traces import ClusterTraceError, combine, load_trace
 
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
     try:

@@ -1,6 +1,6 @@
 """The report's PNG figures (matplotlib's Agg canvas: no display, no pyplot state shared between threads).
 
-Each function draws one figure from report tables (``orchestrator.observe.report_tables``) and
+Each function draws one figure from report tables (``orchestrator.observe.report.tables``) and
 writes it to ``path``. A figure a configuration did not record (no GPU, no vLLM /metrics) is drawn
 as a panel that says "not recorded": a missing value is never plotted as 0.
 """
@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from orchestrator.observe.report_tables import SIDE_FIGURES, Slo
+from orchestrator.observe.report.tables import SIDE_FIGURES, Slo
 
 _DPI = 100
 _QUANTILES = (("p50", "TTFT p50"), ("p90", "TTFT p90"), ("p99", "TTFT p99"))
@@ -157,7 +157,7 @@ def holdout_plot(holdout: pd.DataFrame, path: Path, *, title: str) -> Path:
 def heatmap_plot(table: pd.DataFrame, labels: dict[tuple[Any, ...], str], path: Path) -> Path:
     """Speedups (TTFT p50 at the fewest cores / here) of every configuration against cores; ``timeout`` and
     ``failed`` cells are grey and named, cells outside a configuration's grid are blank."""
-    from orchestrator.observe.report_tables import configurations
+    from orchestrator.observe.report.tables import configurations
 
     groups = configurations(table)
     cores = sorted({int(c) for c in table["cores"]})

@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.observe.report import CONFIG
+from orchestrator.observe.report.comparison import CONFIG
 
 OUT_COLUMNS = ["option", "cores", "gpus", "usd_per_hour", "request_throughput_rps", "usd_per_1k_requests",
                "ttft_p50_s", "measured", "vs_starved", "note"]

@@ -27,7 +27,7 @@ What it emulates, and what it does not:
   * No prefix cache: ``prompt_tokens_details.cached_tokens`` is always 0, prefix-cache hits
     are 0, and ``POST /reset_prefix_cache`` always answers ``{"success": true}``.
 
-Run: ``python -m orchestrator.node.standin --host 127.0.0.1 --port PORT --model NAME
+Run: ``python benchmarks/standin.py --host 127.0.0.1 --port PORT --model NAME
 [--startup-s S] [--ttft-ms T] [--tpot-ms D] [--max-model-len N] [--eos-after N]``.
 SIGTERM or SIGINT stops it with exit status 0 (also during the emulated start-up).
 """
@@ -49,7 +49,7 @@ from typing import Any, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-log = logging.getLogger("orchestrator.node.standin")
+log = logging.getLogger("standin")
 
 WORD = " tok"  # the text of every generated token
 CHARS_PER_TOKEN = 4  # prompt-length estimate for text prompts
@@ -186,7 +186,7 @@ class StandinMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
             return Histogram(name, doc, names, registry=r, buckets=buckets).labels(*values)
 
-        info = Gauge("standin_info", "This server is orchestrator.node.standin, a latency stand-in, not vLLM.",
+        info = Gauge("standin_info", "This server is benchmarks/standin.py, a latency stand-in, not vLLM.",
                      ["model_name", "ttft_s", "tpot_s"], registry=r)
         info.labels(cfg.model, str(cfg.ttft_s), str(cfg.tpot_s)).set(1)
         self.running = Gauge("vllm:num_requests_running", "Requests in flight (stand-in).", names,
@@ -255,7 +255,7 @@ class Standin:
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.cfg.model, "object": "model", "created": self.created,
-                "owned_by": "stand-in (orchestrator.node.standin, not vLLM)", "root": self.cfg.model, "parent": None,
+                "owned_by": "stand-in (benchmarks/standin.py, not vLLM)", "root": self.cfg.model, "parent": None,
                 "max_model_len": self.cfg.max_model_len, "permission": []}
         return web.json_response({"object": "list", "data": [card]})
 
@@ -411,7 +411,7 @@ async def serve(host: str, port: int, cfg: StandinConfig, startup_s: float) -> i
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.node.standin", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/standin.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", required=True, help="the model id to answer as")

@@ -34,7 +34,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 from scipy.special import gammaln
 
-from orchestrator.observe.report import CONFIG, TIMEOUT_MAJORITY
+from orchestrator.observe.report.comparison import CONFIG, TIMEOUT_MAJORITY
 
 Loop = Literal["closed", "open"]
 Threads = int | Literal["fit"] | None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.observe.report import CONFIG
+from orchestrator.observe.report.comparison import CONFIG
 
 TOLERANCE = 0.10  # TTFT p50 within this fraction counts as flat (the knee's tolerance)
 FRONTEND_MOST = 0.75  # frontend share of server TTFT that makes the frontend the queue itself

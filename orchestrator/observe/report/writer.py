@@ -2,15 +2,15 @@
 
 Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<sweep>/``)::
 
-    index.html       the page (orchestrator.observe.report_html): offline, PNGs by relative path
+    index.html       the page (orchestrator.observe.report.html): offline, PNGs by relative path
     aggregated.csv   one row per configuration x cores, with the TTFT intervals (report_tables.aggregated_table)
     trials.csv       one row per trial (report_tables.trial_table)
     heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (report_tables.heatmap_table)
     predictions.json per configuration: the knee model's parameters, its inputs, the predicted knee
-                     and the held-out check (orchestrator.observe.predict), or why there is none
-    plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.plots)
+                     and the held-out check (orchestrator.observe.analysis.predict), or why there is none
+    plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.report.plots)
 
-:func:`publish` reads the sweep (MLflow, else the outbox: :mod:`orchestrator.observe.report_data`),
+:func:`publish` reads the sweep (MLflow, else the outbox: :mod:`orchestrator.observe.report.data`),
 writes the folder and logs it under ``report/`` to the sweep's parent run when the trials came from
 MLflow. The same inputs and seed write the same files.
 """
@@ -26,13 +26,14 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.observe import plots
-from orchestrator.observe.report import CONFIG, calibration, costs, references
-from orchestrator.observe.report_data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
-from orchestrator.observe.report_extras import extras_for, missing_sections
-from orchestrator.observe.report_html import Page, Section, render
-from orchestrator.observe.windows import describe_time_use
-from orchestrator.observe.report_tables import (ReportOptions, aggregated_table, config_labels, configurations,
+from orchestrator.observe.report import plots
+from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
+from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
+from orchestrator.observe.report.sections import extras_for
+from orchestrator.observe.report.html import Page, Section, render
+from orchestrator.observe.time_use import describe_time_use
+from orchestrator.values.sweep_spec import SweepSpec
+from orchestrator.observe.report.tables import (ReportOptions, aggregated_table, config_labels, configurations,
                                                 heatmap_table, knee, merge_slo, trial_table)
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         heat_png = "plots/heatmap.png"
     page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
                 heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({f})": f for n, f in CSVS.items()},
-                notes=data.notes, missing=missing_sections(), time_use=describe_time_use(dict(data.time_use)),
+                notes=data.notes, time_use=describe_time_use(dict(data.time_use)),
                 start_modes=modes, references=refs)
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
@@ -186,4 +187,16 @@ def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opt
     return Published(files, data, logged_to=data.parent_run_id)
 
 
-__all__ = ["CSVS", "Published", "ReportFiles", "load_sweep", "publish", "write_report"]
+def write_sweep_report(spec: SweepSpec, home: Path, uri: str | None) -> str:
+    """Write the sweep's report (``orchestrator.observe.report.writer.publish``) into ``home/reports/<sweep>/``;
+    return the line that says where it is. Never raises: a finished sweep must not fail over its report."""
+    try:
+        done = publish(spec.name, uri=uri, outbox_dir=home / "outbox", out_dir=home / "reports" / spec.name,
+                       opts=ReportOptions())
+    except Exception as exc:  # noqa: BLE001 (the sweep's results are safe in MLflow or the outbox)
+        return f"warning: the report was not written: {type(exc).__name__}: {exc}"
+    logged = f" (logged to MLflow run {done.logged_to} under report/)" if done.logged_to else ""
+    return f"report written to {done.files.index}{logged}"
+
+
+__all__ = ["CSVS", "Published", "ReportFiles", "load_sweep", "publish", "write_report", "write_sweep_report"]

@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from orchestrator.observe.report_extras import Extras
-from orchestrator.observe.report_tables import ReportOptions, Slo
+from orchestrator.observe.report.sections import Extras
+from orchestrator.observe.report.tables import ReportOptions, Slo
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -58,10 +58,9 @@ class Page:
     heatmap_png: str | None = None
     csvs: Mapping[str, str] = field(default_factory=dict)  # label -> path relative to the page
     notes: Sequence[str] = ()
-    missing: Sequence[str] = ()
-    time_use: Sequence[str] = ()  # orchestrator.observe.windows.describe_time_use lines
-    start_modes: pd.DataFrame | None = None  # orchestrator.observe.report.calibration: each start mode vs fresh
-    references: pd.DataFrame | None = None  # orchestrator.observe.report.references: harness vs bare vs vllm bench
+    time_use: Sequence[str] = ()  # orchestrator.observe.time_use.describe_time_use lines
+    start_modes: pd.DataFrame | None = None  # orchestrator.observe.report.comparison.calibration: each start mode vs fresh
+    references: pd.DataFrame | None = None  # orchestrator.observe.report.comparison.references: harness vs bare vs vllm bench
 
 
 def _e(value: Any) -> str:
@@ -240,8 +239,6 @@ def render(page: Page) -> str:
     if toc:
         head.append(f"<ul>{toc}</ul>")
     body = [_heatmap(page), _start_modes(page), _references(page), *(_section(s, o) for s in page.sections)]
-    if page.missing:
-        body.append(f"<p class='muted'>Not in this version of the orchestrator: {_e(', '.join(page.missing))}.</p>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(page.sweep)}: sweep report</title><style>{_STYLE}</style></head><body>\n"
             + "\n".join(head + body) + "\n</body></html>\n")

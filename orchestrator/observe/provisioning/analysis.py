@@ -1,6 +1,6 @@
 """How many CPU cores per GPU real clusters hand out, and which share of jobs a knee would starve (pure).
 
-Input: :func:`orchestrator.observe.cluster_traces.combine`'s frame, one row per job (or node, or
+Input: :func:`orchestrator.observe.provisioning.cluster_traces.combine`'s frame, one row per job (or node, or
 per-cluster summary row) with ``trace``, ``kind``, ``source``, ``gpu_type``, ``gpus``, ``cores``,
 ``duration_s`` and ``jobs``. Definitions:
 
@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from orchestrator.observe.report import CONFIG
+from orchestrator.observe.report.comparison import CONFIG
 
 THRESHOLDS = (2.0, 4.0, 8.0)
 WEIGHTS = ("jobs", "gpus", "gpu-time")

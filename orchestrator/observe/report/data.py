@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from orchestrator.observe import outbox
-from orchestrator.observe.report import payloads_frame, runs_frame
-from orchestrator.observe.report_tables import RECORD_COLUMNS, Slo
+from orchestrator.observe.report.comparison import payloads_frame, runs_frame
+from orchestrator.observe.report.tables import RECORD_COLUMNS, Slo
 
 
 class ReportInputError(ValueError):

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.observe import stats
-from orchestrator.observe.report import CONFIG, COLUMNS, TIMEOUT_MAJORITY, comparison
+from orchestrator.observe.report.comparison import CONFIG, COLUMNS, TIMEOUT_MAJORITY, comparison
 
 QUANTILES = (0.5, 0.9, 0.99)
 RECORD_COLUMNS = ("status", "scheduled_ns", "sent_ns", "first_token_ns", "end_ns", "completion_tokens")

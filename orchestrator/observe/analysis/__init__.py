@@ -1,0 +1,2 @@
+"""Analyses of one configuration's comparison rows: why TTFT grows below the knee (diagnosis), the fitted
+queueing model and its predicted knee (predict), and what the knee costs in cores against GPUs (cost)."""

@@ -1,0 +1,95 @@
+"""run_sweep: wire the pipeline together for one sweep (services, controller, executor, tracking, report).
+
+    SweepSpec ─expand─▶ SweepPlan ─SweepController─▶ RayTrialExecutor ─▶ TrialResult ─▶ MLflow + table
+
+Wiring only: what each part does is in its own module (preflight, the home lock, the local servers,
+the controller and executor, the tracker, the report, the terminal's tables and progress lines).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.control.controller import SweepController
+from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.trial import TrialState
+from orchestrator.infra import survivors
+from orchestrator.infra.homelock import HomeBusy, home_lock
+from orchestrator.infra.local_servers import mlflow_server, ray_cluster, ui_command
+from orchestrator.observe.report.comparison import results_frame
+from orchestrator.observe.report.console import print_tables
+from orchestrator.observe.report.writer import write_sweep_report
+from orchestrator.observe.sweep_record import log_time_use, tracked_frame
+from orchestrator.observe.tracking import MlflowTracker
+from orchestrator.plan.expand import expand
+from orchestrator.plan.preflight import errors, preflight
+from orchestrator.progress import progress_lines
+from orchestrator.values.sweep_spec import SweepSpec
+from orchestrator.values.trial import SweepPlan
+
+
+def run_sweep(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool = True) -> int:
+    """Run every trial; return 0 if all trials completed (or were already done), 1 if one failed,
+    2 if the sweep's inputs are wrong (``orchestrator.plan.preflight``: then nothing was started)."""
+    # Before any service: a bad trace line or model folder must not cost a Ray, MLflow and vLLM start.
+    problems = preflight(spec, spec_path, for_run=True)
+    for problem in problems:
+        console.print(str(problem), soft_wrap=True)  # one line each, however long
+    if bad := errors(problems):
+        console.print(f"{len(bad)} input error(s) in {spec_path}: nothing was started")
+        return 2
+
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        with home_lock(home):  # one run per home, for the whole run; a dead holder's lock is free
+            for line in survivors.reap(home):  # what a run that died (SIGKILL) left running
+                console.print(line)
+            return _run_locked(spec, spec_path, home, console=console, resume=resume)
+    except HomeBusy as exc:
+        console.print(f"error: {exc}")
+        return 2
+
+
+def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Console, resume: bool) -> int:
+    """The run itself, with the home locked. Services are recorded in ``home/services.json`` while they run."""
+    plan: SweepPlan = expand(spec)
+    console.print(f"sweep {spec.name}: {len(plan)} trials; state in {home}")
+    with mlflow_server(home / "mlflow", record_in=home) as ml, ray_cluster(record_in=home):
+        console.print(f"MLflow tracking at {ml.uri}")
+        tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
+        executor = RayTrialExecutor(home, plan=plan)
+        controller = SweepController(
+            plan, executor, observers=[tracker],
+            finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,
+            on_progress=progress_lines(console))
+        try:
+            results = controller.run()
+        finally:
+            executor.close()
+        states = {tid: t.state for tid, t in controller.trials.items()}
+        time_use = log_time_use(executor.timelines, spec.name, ml.uri)
+        frame = tracked_frame(ml.uri, plan)
+        report_line = write_sweep_report(spec, home, ml.uri)  # while MLflow still runs, to log the report to it
+    if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)
+        frame = results_frame(plan.trials, results)
+    table = print_tables(console, frame, spec.name, spec.protocol.spread_warn)
+    csv = home / "reports" / f"{spec.name}.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False)
+    console.print(f"table written to {csv}")
+    for line in time_use:
+        console.print(line, soft_wrap=True)
+    console.print(report_line, soft_wrap=True)
+    if ml.proc is not None:
+        console.print(f"MLflow UI: {ui_command(home)}")
+    else:
+        console.print(f"MLflow UI: {ml.uri}")
+    failed = [tid for tid, s in states.items() if s is TrialState.FAILED]
+    if failed:
+        console.print(f"{len(failed)} trial(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+__all__ = ["run_sweep"]
