@@ -10,6 +10,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker gets a temp folder of its own:
+    Ray keeps its sessions, and the file a bare ``ray.init()`` looks for a running cluster in, under
+    ``$TMPDIR/ray``, so one worker's Ray can never be joined or reaped by the other's tests."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        import tempfile
+
+        base = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
+        own = base / f"xdist-{worker}"
+        own.mkdir(parents=True, exist_ok=True)
+        os.environ["TMPDIR"] = str(own)
+        tempfile.tempdir = None  # gettempdir() caches: read TMPDIR again
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory):
     """One vLLM cache root for the whole test session, as a team shares one across trials and nodes

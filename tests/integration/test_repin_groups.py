@@ -43,7 +43,8 @@ def _plan():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             configure_logging=False)  # a Ray of its own, never a `ray start` cluster of another test
     yield
     ray.shutdown()
 

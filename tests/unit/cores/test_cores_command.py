@@ -4,7 +4,7 @@ import pytest
 
 from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import (MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths,
-                                  server_env)
+                                        server_env)
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads.spec import AgenticWorkload
 
@@ -87,3 +87,19 @@ def test_cpu_env() -> None:
 def test_long_scratch_gets_short_rpc_path() -> None:
     paths = scratch_paths("/very/" + "long/" * 20)
     assert len(paths["VLLM_RPC_BASE_PATH"]) < 60
+
+
+def test_a_server_script_replaces_vllm_with_the_same_address_and_the_variants_args() -> None:
+    t = trial(args=("--ttft-ms", "30"))
+    cmd = build_vllm_command(t, "/m", 8123, "/py", server_script="/b/standin.py")
+    assert cmd == ["/py", "/b/standin.py", "--host", "127.0.0.1", "--port", "8123", "--model", "tiny",
+                   "--max-model-len", str(t.server.max_model_len), "--ttft-ms", "30"]
+    assert VLLM_SERVE_SHIM not in build_vllm_command(t, "/m", 8123, "/py", server_script="/b/standin.py")
+    assert build_vllm_command(t, "/m", 8123, "/py", server_script=None) == build_vllm_command(t, "/m", 8123, "/py")
+
+
+def test_a_sweep_cannot_ask_for_the_stand_in() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="stack"):
+        ServerSpec(stack="standin")
