@@ -100,7 +100,7 @@ def _finish(fig: Any, ax: Any, x: Sequence[int], title: str, path: Path) -> Path
 
 
 def side_plot(rows: pd.DataFrame, path: Path, *, title: str) -> Path:
-    """A panel per figure of ``report_tables.SIDE_FIGURES`` against cores (timeout rate, GPU and replica CPU
+    """A panel per figure of ``tables.SIDE_FIGURES`` against cores (timeout rate, GPU and replica CPU
     utilisation, frontend share of TTFT); a figure without any value says "not recorded"."""
     fig = _figure(7.2, 4.8, left=0.08, bottom=0.1, top=0.88, hspace=0.45, wspace=0.2)
     axes = fig.subplots(2, 2).ravel()

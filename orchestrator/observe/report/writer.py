@@ -3,9 +3,9 @@
 Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<sweep>/``)::
 
     index.html       the page (orchestrator.observe.report.html): offline, PNGs by relative path
-    aggregated.csv   one row per configuration x cores, with the TTFT intervals (report_tables.aggregated_table)
-    trials.csv       one row per trial (report_tables.trial_table)
-    heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (report_tables.heatmap_table)
+    aggregated.csv   one row per configuration x cores, with the TTFT intervals (tables.aggregated_table)
+    trials.csv       one row per trial (tables.trial_table)
+    heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (tables.heatmap_table)
     predictions.json per configuration: the knee model's parameters, its inputs, the predicted knee
                      and the held-out check (orchestrator.observe.analysis.predict), or why there is none
     plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.report.plots)
