@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install smoke test unit plan clean
+.PHONY: install browser smoke test unit plan clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,12 +18,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The report page is checked in a real browser (tests/integration/test_smoke_sweep.py): Debian's chromium,
+# driven by playwright without its own browser download. Installed once, where apt can (as root).
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+	  echo "chromium not installed: the browser test will skip (CI fails it)"
+
 smoke: install
 	$(BIN)/orchestrator run sweeps/smoke.yaml
 
 # Two workers, a test file each at a time (a file's Ray, MLflow and vLLM fixtures stay on one worker): most
 # of an integration test is waiting for a server to start or a window to end, so two overlap well on 2 cores.
-test: install
+test: install browser
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 

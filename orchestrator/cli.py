@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -23,6 +24,10 @@ from orchestrator.plan.expand import expand
 from orchestrator.plan.load import SpecError, load_spec
 
 console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+# Dependencies whose deprecation notices are for their own maintainers, not for a sweep's user (a
+# warning they attribute to our code, with stacklevel, is ours and still shows; so is any of our own).
+NOISY_DEPENDENCIES = (r"(ray|mlflow|pydantic|google|grpc|urllib3|requests|pkg_resources|setuptools|pyarrow"
+                      r"|opentelemetry)(\.|$)")
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
 
 
@@ -49,11 +54,21 @@ def main(verbose: bool) -> None:
     """Sweep CPU cores x GPUs x models x workloads on vLLM and measure what starving the CPU costs."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose and not sys.warnoptions:  # -v, -W or PYTHONWARNINGS: every warning, as asked
+        _quiet_dependencies()
     # SIGTERM (ray job stop, a CI timeout, `timeout`) must unwind like Ctrl-C, so every
     # context manager stops what it started: MLflow server, Ray, vLLM replicas.
     # (orchestrator.infra.local_servers.ray_cluster puts these back after ray.init replaces them.)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
+
+
+def _quiet_dependencies() -> None:
+    """Hide the deprecation notices of :data:`NOISY_DEPENDENCIES` (and pydantic's note on their fields named
+    ``model_*``); every other warning still shows."""
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=NOISY_DEPENDENCIES)
+    warnings.filterwarnings("ignore", message=r"Field \"model_", category=UserWarning, module=NOISY_DEPENDENCIES)
 
 
 def _with_cap(spec, max_concurrent: int | None):

@@ -25,7 +25,7 @@ from orchestrator.observe.sweep_record import log_time_use, tracked_frame
 from orchestrator.observe.tracking import MlflowTracker
 from orchestrator.plan.expand import expand
 from orchestrator.plan.preflight import errors, preflight
-from orchestrator.progress import progress_lines
+from orchestrator.progress import SweepDisplay
 from orchestrator.values.sweep_spec import SweepSpec
 from orchestrator.values.trial import SweepPlan
 
@@ -60,12 +60,15 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
         console.print(f"MLflow tracking at {ml.uri}")
         tracker = MlflowTracker(ml.uri, outbox_dir=home / "outbox", spec_path=spec_path)
         executor = RayTrialExecutor(home, plan=plan)
+        display = SweepDisplay(console, plan)  # live on a terminal, lines otherwise; the warnings when it ends
+        executor.on_phase = display.on_phase
         controller = SweepController(
             plan, executor, observers=[tracker],
             finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,
-            on_progress=progress_lines(console))
+            on_progress=display.on_progress, on_phase=display.on_phase)
         try:
-            results = controller.run()
+            with display:
+                results = controller.run()
         finally:
             executor.close()
         states = {tid: t.state for tid, t in controller.trials.items()}

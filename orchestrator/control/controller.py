@@ -28,6 +28,11 @@ goes on. Retry decisions are the lane's, from the :class:`TrialResult` alone; th
 the writer. ``write_s`` (seconds per ``on_trial_result``) and ``write_wait_s`` (how long
 ``on_sweep_end`` waited for the queue to drain) say what the writing cost.
 
+**Phases.** What a running trial is doing (:data:`Phase`: placing, starting, warm-up, window, ...)
+is told to ``on_phase(trial_id, phase)``, for a live display: the executor tells it from its lanes
+(``executor.on_phase``), the writer tells ``writing``. :func:`notify_phase` makes every such call:
+a display that raises is logged and never fails a trial.
+
 An interrupt (Ctrl-C, or SIGTERM turned into one by the cli) still ends the sweep for the
 observers: the lanes are told to stop (``executor.cancel()`` ends what is in flight), the
 writer writes what is queued (nothing measured is lost), then ``on_sweep_end`` gets the results
@@ -45,7 +50,7 @@ import threading
 import time
 from collections import deque
 from queue import SimpleQueue
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Literal, Protocol
 
 from orchestrator.values.callbacks import Callback, CallbackList
 from orchestrator.values.trial import SweepPlan, TrialSpec
@@ -56,6 +61,22 @@ from orchestrator.control.trial import Trial, TrialState
 log = logging.getLogger(__name__)
 
 
+# What a running trial is doing, in order (a shared start has no placing or starting of its own; repin
+# re-pins instead of starting). The executor's lease events map to them (ray_executor); ``writing`` is the writer's.
+Phase = Literal["placing", "starting", "repinning", "warmup", "window", "crosscheck", "stopping", "writing"]
+PhaseHook = Callable[[str, Phase], None]
+
+
+def notify_phase(hook: PhaseHook | None, trial_id: str, phase: Phase) -> None:
+    """Tell ``hook`` that trial ``trial_id`` entered ``phase``; what the hook raises is logged, never raised."""
+    if hook is None:
+        return
+    try:
+        hook(trial_id, phase)
+    except Exception:  # noqa: BLE001 - a display bug must not fail a trial
+        log.exception("phase callback failed for trial %s (%s)", trial_id, phase)
+
+
 class Lane(Protocol):
     def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
         """Run one attempt (1, 2, ... for retries) of ``trial``; each attempt keeps its own artifacts."""
@@ -64,7 +85,8 @@ class Lane(Protocol):
 
 class Executor(Lane, Protocol):
     """Runs trials. Optional, for concurrency: ``lane()`` (a new :class:`Lane` with ``close()``),
-    ``capacity(trials) -> int`` (trials the cluster can hold at once), ``cancel()``."""
+    ``capacity(trials) -> int`` (trials the cluster can hold at once), ``cancel()``; for a display,
+    ``on_phase`` (a :data:`PhaseHook` the caller sets)."""
 
 
 WRITER_THREAD = "sweep-writer"
@@ -136,7 +158,8 @@ class SweepController:
     def __init__(self, plan: SweepPlan, executor: Executor, *, observers: Iterable[Callback] = (),
                  finished: Callable[[], set[str]] = set, max_failures: int | None = None,
                  max_concurrent: int | None = None,
-                 on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None) -> None:
+                 on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None,
+                 on_phase: PhaseHook | None = None) -> None:
         self.plan = plan
         self.executor = executor
         self.observers = CallbackList(observers)
@@ -144,6 +167,7 @@ class SweepController:
         self.max_failures = plan.spec.max_failures if max_failures is None else max_failures
         self.max_concurrent = plan.spec.max_concurrent_trials if max_concurrent is None else max_concurrent
         self.on_progress = on_progress or (lambda *_: None)
+        self.on_phase = on_phase  # told "writing" when the writer takes a trial's result
         self.trials = {t.trial_id: Trial(t.trial_id) for t in plan.trials}
         self.lanes_used = 0
         self.write_s: list[float] = []  # seconds per on_trial_result call (all observers), in the writer
@@ -305,6 +329,8 @@ class SweepController:
         snap = _snapshot(trial)
 
         def trial_result() -> None:
+            if snap.done:  # a retry's next attempt is already placing on its lane: not shown as writing
+                notify_phase(self.on_phase, spec.trial_id, "writing")
             t0 = time.monotonic()
             self.observers.on_trial_result(spec, result)
             self.write_s.append(time.monotonic() - t0)
@@ -327,4 +353,4 @@ def _snapshot(trial: Trial) -> Trial:
     return dataclasses.replace(trial, history=list(trial.history))
 
 
-__all__ = ["Executor", "Lane", "SweepController"]
+__all__ = ["Executor", "Lane", "Phase", "PhaseHook", "SweepController", "notify_phase"]

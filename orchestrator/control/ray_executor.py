@@ -24,6 +24,11 @@ Two start modes:
 What happens on a replica that answers, from the warm-up to the verification, is
 :mod:`orchestrator.control.measure`'s; this module places, leases, starts and re-pins.
 
+A display follows each trial through :attr:`RayTrialExecutor.on_phase` (the controller's
+:data:`~orchestrator.control.controller.Phase`): ``placing`` when a lane takes the trial, then the
+lease's own events (:data:`PHASE_OF_EVENT`: start, warm-up, window, cross-check, stop) as
+:meth:`_Lease.mark` records them, for the trial on the lease now.
+
 Every failure becomes data (``TrialResult.failed``); actor and node loss map to
 the retryable ``NODE_DIED``, a server found dead at any step of the window to ``SERVER_DIED``. Capacity is released in exactly one place:
 :meth:`_Lease.close`, called from ``finally`` (fresh) or when the warm replica
@@ -44,6 +49,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.control.controller import Phase, PhaseHook, notify_phase
 from orchestrator.control.measure import Window, WindowSequence, flat_params
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
@@ -68,6 +74,12 @@ def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
     iso = trial.client.isolation
     return Need(cores=cores or trial.cores, gpus=trial.gpus, hardware=trial.hardware,
                 client=0 if iso == "share" else trial.client.cores, client_shared=iso != "require")
+
+
+# Lease events (``_Lease.mark``, orchestrator.observe.time_use) that start a phase a display shows; the
+# others (ready, warmup_end, window_end, ...) end one, and the next event says what follows.
+PHASE_OF_EVENT: dict[str, Phase] = {"start": "starting", "repin": "repinning", "warmup": "warmup", "window": "window",
+                                    "crosscheck": "crosscheck", "stop": "stopping"}
 
 
 def _inventory() -> list[Node]:
@@ -100,9 +112,13 @@ class _Lease:
     held_from: float = 0.0  # when the placement group was ready (time.monotonic())
     events: list[tuple[str, float]] = field(default_factory=list)  # orchestrator.observe.time_use events
     timelines: list[Any] | None = None  # the executor's list this lease's timeline goes to when it closes
+    trial: str = ""  # the trial whose time the lease spends now (a display's; stopping a warm one: the next's)
+    on_phase: PhaseHook | None = None
 
     def mark(self, event: str) -> None:
         self.events.append((event, time.monotonic()))
+        if event in PHASE_OF_EVENT and self.trial:
+            notify_phase(self.on_phase, self.trial, PHASE_OF_EVENT[event])
 
     def release_cores(self) -> None:
         for owner in self.owners:
@@ -165,6 +181,8 @@ class RayTrialExecutor:
         self.timelines: list[Any] = []  # one orchestrator.observe.time_use.LeaseTimeline per closed lease
         # Called with each step's name before it runs (orchestrator.control.measure.STEPS): fault tests kill there.
         self.on_step: Callable[[str], None] | None = None
+        # Told each trial's phase as it starts (a live display; see the module docstring). Never raises into a trial.
+        self.on_phase: PhaseHook | None = None
 
     # ------------------------------------------------------------------ public
     def lane(self) -> "_Lane":
@@ -227,6 +245,10 @@ class RayTrialExecutor:
                 self._agents[node_id] = core_agent(node_id)
             return self._agents[node_id]
 
+    def _phase(self, trial_id: str, phase: Phase) -> None:
+        """What a lease tells: to :attr:`on_phase` as it is now (set after the executor was made, or changed)."""
+        notify_phase(self.on_phase, trial_id, phase)
+
     def _owner(self, trial: TrialSpec, attempt: int) -> str:
         with self._seq_lock:
             self._seq += 1
@@ -267,7 +289,7 @@ class RayTrialExecutor:
         ).remote(trial.model_dump_json(), node_dir)
         lease = _Lease(key, pg, strategy, replica, None, {}, book=self.book, node=node, owner=owner,
                        start_key=start_key(trial), gpus=trial.gpus, cores=cores, held_from=t0 + waited + pg_ready,
-                       timelines=self.timelines)
+                       timelines=self.timelines, trial=trial.trial_id, on_phase=self._phase)
         try:
             lease.facts = ray.get(replica.node_facts.remote())
             lease.agent = self._agent(lease.facts["node_id"])
@@ -309,6 +331,7 @@ class RayTrialExecutor:
         """One window of ``trial`` on ``lease``: cores, the replica up (or re-pinned, or shared), then the
         measurement sequence (:class:`~orchestrator.control.measure.WindowSequence`)."""
         shared = trial.start != "repin" and lease.started  # a later window of a shared start
+        lease.trial = trial.trial_id
         alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         # sized: the replica starts on every allocated core and is pinned to the first trial.cores of them
@@ -373,7 +396,9 @@ class _Lane:
         key = replica_key(trial)
         warm = self._warm
         if warm is not None and not ((repin and warm.key == key) or (share and warm.start_key == start_key(trial))):
+            warm.trial = trial.trial_id  # stopping the last trial's replica is this trial's wait
             self.close()
+        notify_phase(ex.on_phase, trial.trial_id, "placing")  # a node and cores (a warm lease: cores only)
         lease: _Lease | None = self._warm
         facts: dict[str, Any] = {}
         ok = False

@@ -21,6 +21,7 @@ Two guards for runs that end badly or overlap:
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -243,6 +244,17 @@ def ray_on_loopback() -> Iterator[None]:
             os.environ[LOOPBACK_ENV] = saved_env
 
 
+class _DropBanner(logging.Filter):
+    """Drops Ray's notice that a new local cluster uses token authentication (Ray's default for a head it
+    starts; ours listens on loopback only): a line on every run that asks nothing of the user. Ray's other
+    auth messages (a missing or wrong token, auth disabled) still show."""
+
+    LOGGER = "ray._private.authentication.authentication_token_setup"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def _ray_processes() -> list[psutil.Process]:
     """The local Ray head ``ray.init`` started: our descendants in our own session (the servers we start
     ourselves, MLflow and the guardian, each have their own session)."""
@@ -279,8 +291,13 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
             guardian = Guardian()
             # address="local": always a Ray of our own, never a cluster someone else's `ray start` left on
             # this machine (which a bare ray.init() would join).
-            ctx = ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                           log_to_driver=False, configure_logging=False)
+            banner, drop = logging.getLogger(_DropBanner.LOGGER), _DropBanner()
+            banner.addFilter(drop)
+            try:
+                ctx = ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                               log_to_driver=False, configure_logging=False)
+            finally:
+                banner.removeFilter(drop)
             entries = [e for p in _ray_processes() if (e := survivors.entry_of("ray", p.pid, group=False))]
             guardian.watch(entries)
             for e in entries:

@@ -18,17 +18,25 @@ What is checked (the spec's own fields were validated by ``orchestrator.values.s
   looks for it), without downloading it. Missing, the node would fetch it with pip when the
   trial starts, which an offline node cannot do: a warning for ``plan``, an error for ``run``.
 
+- a local ``run`` (no ``RAY_ADDRESS``) asks for no more cores and GPUs per trial than this machine
+  has (:class:`Machine`: the cores this process may run on, the GPUs NVML or ``nvidia-smi`` sees):
+  the trial would otherwise start Ray and MLflow only to fail as ``cannot_fit``.
+
 On a remote cluster (``RAY_ADDRESS`` set) model folders and tokenizers are read on the GPU
-nodes, not here, so what this machine lacks is only a warning. Trace files are an error
+nodes, not here, so what this machine lacks is only a warning, and whether a trial fits is the
+executor's to say, per node (``cannot_fit`` is then a trial's result). Trace files are an error
 everywhere: the driver reads them too (replay-fidelity figures).
 
-Pure checks plus file reads: nothing is started, written or downloaded.
+Pure checks plus file reads (and, for a local run, NVML or ``nvidia-smi -L`` to count the GPUs):
+no service is started, nothing is written or downloaded.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,13 +64,29 @@ class Problem:
         return f"{self.severity}: {self.message}"
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What this machine can give a local run's trials: usable cores and GPUs."""
+
+    cores: int
+    gpus: int
+
+    @classmethod
+    def here(cls) -> "Machine":
+        """The cores this process may run on (its affinity, as the core agent allocates them) and the GPUs
+        NVML counts (nvidia-ml-py), else ``nvidia-smi -L`` lists, else none."""
+        return cls(len(os.sched_getaffinity(0)), _gpu_count())
+
+
 def preflight(spec: SweepSpec, spec_path: str | Path, *, for_run: bool = False,
-              cluster: bool | None = None) -> list[Problem]:
+              cluster: bool | None = None, machine: Machine | None = None) -> list[Problem]:
     """Every problem with the files ``spec`` needs, errors and warnings, in spec order.
 
-    ``for_run``: a missing tokenizer is an error (``run``) instead of a warning (``plan``).
+    ``for_run``: a missing tokenizer is an error (``run``) instead of a warning (``plan``), and so
+    is a trial larger than this machine (``machine``, by default :meth:`Machine.here`) on a local run.
     ``cluster``: model folders and tokenizers live on other machines, so their absence here is
-    only a warning; by default, whether ``RAY_ADDRESS`` is set.
+    only a warning, and trials are sized against the cluster's nodes instead; by default, whether
+    ``RAY_ADDRESS`` is set.
     """
     if cluster is None:
         cluster = bool(os.environ.get("RAY_ADDRESS"))
@@ -73,6 +97,8 @@ def preflight(spec: SweepSpec, spec_path: str | Path, *, for_run: bool = False,
             problems += _local_model_problems(model, base, cluster)
         elif isinstance(model, ShapeModel):
             problems += _tokenizer_problems(model, for_run and not cluster)
+    if for_run and not cluster:
+        problems += _machine_problems(spec, str(spec_path), machine or Machine.here())
     return problems
 
 
@@ -102,6 +128,65 @@ def _workload_problems(spec: SweepSpec) -> list[Problem]:
             where = f"{path}: " if path is not None else ""
             problems.append(Problem(f"{where}{_one_line(exc)} (workload {names})"))
     return problems
+
+
+# ---------------------------------------------------------------- this machine
+
+_CLUSTER_NOTE = "a cluster run, with RAY_ADDRESS set, checks this per node instead"
+
+
+def _machine_problems(spec: SweepSpec, where: str, machine: Machine) -> list[Problem]:
+    """A local run's trials against this machine, as the node book sizes them (``placement.Need.matches``).
+
+    A trial holds its replica's cores plus, under ``client.isolation: require``, the client's own
+    (``prefer`` lets the client share the replica's cores on a small node, ``share`` always does).
+    ``grid.calibrate`` adds core counts of its own. One line per field, naming its largest value."""
+    client = spec.client
+    extra = client.cores if client.isolation == "require" else 0
+    problems = []
+    for field, counts in (("grid.cores", spec.grid.cores), ("grid.calibrate", spec.grid.calibrate)):
+        too_many = sorted(c for c in counts if c + extra > machine.cores)
+        if not too_many:
+            continue
+        asked = ", ".join(str(c) for c in too_many)
+        if extra:
+            need = f"{asked} cores + {extra} client core{'s' if extra > 1 else ''} need " \
+                   f"{'up to ' if len(too_many) > 1 else ''}{too_many[-1] + extra} cores"
+        else:
+            need = f"{asked} cores, the client sharing them (client.isolation: {client.isolation}), need " \
+                   f"{'up to ' if len(too_many) > 1 else ''}{too_many[-1]} cores"
+        problems.append(Problem(f"{where}: {field}: {need}; this machine has {machine.cores} ({_CLUSTER_NOTE})"))
+    too_many = sorted(g for g in spec.grid.gpus if g > machine.gpus)
+    if too_many:
+        asked = ", ".join(str(g) for g in too_many)
+        problems.append(Problem(f"{where}: grid.gpus: {asked} GPU{'s' if too_many[-1] > 1 else ''} per trial; "
+                                f"this machine has {machine.gpus} ({_CLUSTER_NOTE})"))
+    return problems
+
+
+def _gpu_count() -> int:
+    """GPUs on this machine: NVML when nvidia-ml-py is installed, else ``nvidia-smi -L``'s lines, else 0."""
+    try:
+        import pynvml  # nvidia-ml-py; ImportError on CPU-only installs
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            try:
+                return int(pynvml.nvmlDeviceGetCount())
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - no driver: NVML is installed but finds nothing
+            pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 # ---------------------------------------------------------------- models
@@ -171,4 +256,4 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-__all__ = ["Problem", "errors", "looks_like_path", "preflight", "tokenizer_location"]
+__all__ = ["Machine", "Problem", "errors", "looks_like_path", "preflight", "tokenizer_location"]

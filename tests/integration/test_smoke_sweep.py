@@ -202,3 +202,51 @@ def test_third_run_skips_everything(resumed, killed, mlflow_uri):
     assert proc.stdout.count("already finished in MLflow, skipped") == 2
     assert len(_children(mlflow_uri)) == 2
     assert _leftovers(killed["home"]) == []
+
+
+ARTIFACTS = ROOT / "test-artifacts"  # kept after the run (CI's clone); not in git
+BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def test_the_report_page_reads_in_a_real_browser(resumed, killed, mlflow_uri):
+    """The smoke sweep's report, priced, opened in headless Chromium (Debian's package, which `make test`
+    installs): every image loads, no console error, the sections a user came for are there; a 1280-px
+    screenshot is kept in test-artifacts/."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None and "CPUSWEEP_CI_RUN" not in os.environ:
+        pytest.skip("no chromium here (`make test` installs Debian's package)")
+    assert chromium, "chromium is missing: `make test` installs it"
+    from playwright.sync_api import sync_playwright
+
+    out = killed["home"] / "priced-report"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "ORCH_HOME": str(killed["home"])}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "smoke", "--out", str(out),
+                           "--core-hour-usd", "0.05", "--gpu-hour-usd", "4"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=BROWSER_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto((out / "index.html").as_uri(), wait_until="load")
+            images = page.eval_on_selector_all(
+                "img", "els => els.map(e => [e.getAttribute('src'), e.complete && e.naturalWidth > 0])")
+            text = page.inner_text("body")
+            page.screenshot(path=str(ARTIFACTS / "report-page.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert len(images) >= 4 and [src for src, ok in images if not ok] == []
+    text = text.lower()
+    for section in ("the knee is",          # each configuration's opening sentence
+                    "server ttft (mean)",   # the diagnosis's evidence table
+                    "intervals: 95% bootstrap", "predicted knee", "cost of cores against gpus", "usd_per_1k_requests"):
+        assert section in text, section
+    assert (ARTIFACTS / "report-page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

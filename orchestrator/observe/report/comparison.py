@@ -255,14 +255,20 @@ def costs(df: pd.DataFrame, *, core_hour_usd: float, gpu_hour_usd: float) -> pd.
 
 
 def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
-    """A rich Table of :func:`comparison`'s output (times in ms)."""
+    """A rich Table of :func:`comparison`'s output, with only the columns that answer "what do cores buy":
+    the configuration, cores, TTFT p50 (ms) with its interval, the speedup, timeouts and the knee (the
+    rest is in the report and the CSV). It fits 120 columns.
+
+    The configuration is ``df["configuration"]`` when given (a label per row), else model and workload.
+    The interval is ``ttft_p50_lo``..``ttft_p50_hi`` when ``df`` has them (whichever interval the caller
+    computed; ``[lo-hi]``), and a ``!`` marks repeats that disagree (``spread_flag``). A configuration
+    whose trials all failed reads ``failed``; one where only some did, ``n/m ok``."""
     from rich.table import Table
 
     table = Table(title=title)
-    cols = ["model", "workload", "text", "gpus", "api", "cores", "reps", "status", "requests", "timeouts",
-            "TTFT p50 ms", "spread", "TTFT p90 ms", "TTFT p99 ms", "E2E p50 ms", "speedup", "knee"]
-    for c in cols:
-        table.add_column(c, justify="right" if c not in ("model", "workload", "text", "status") else "left")
+    for c in ("configuration", "cores", "TTFT p50 ms", "speedup", "timeouts", "knee"):
+        table.add_column(c, justify="left" if c == "configuration" else "right",
+                         overflow="fold" if c == "configuration" else "ellipsis")
 
     def ms(v: Any) -> str:
         return "-" if pd.isna(v) else f"{1000 * v:.1f}"
@@ -271,12 +277,18 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
         return "-" if pd.isna(v) else f"{int(v)}"
 
     for _, r in df.iterrows():
-        spread = "-" if pd.isna(r["p50_spread"]) or r["repeats"] < 2 else f"{r['p50_spread']:.0%}{r['spread_flag']}"
-        table.add_row(str(r["model"]), str(r["workload"]), str(r["text_style"]), str(r["gpus"]),
-                      str(r["api_servers"]), str(r["cores"]), count(r["repeats"]), r["status"],
-                      count(r["requests"]), count(r["timeouts"]), ms(r["ttft_p50_s"]), spread, ms(r["ttft_p90_s"]),
-                      ms(r["ttft_p99_s"]), ms(r["e2e_p50_s"]),
-                      "-" if pd.isna(r["speedup_p50"]) else f"{r['speedup_p50']:.2f}x", r["knee"])
+        config = r["configuration"] if "configuration" in df else f"{r['model']} {r['workload']}"
+        if r["status"] == "FAILED":
+            p50 = "failed"
+        else:
+            p50 = ms(r["ttft_p50_s"])
+            lo, hi = r.get("ttft_p50_lo", float("nan")), r.get("ttft_p50_hi", float("nan"))
+            if pd.notna(r["ttft_p50_s"]) and pd.notna(lo) and pd.notna(hi):
+                p50 += f" [{ms(lo)}-{ms(hi)}]"
+            p50 += str(r["spread_flag"] or "") + ("" if r["status"] == "COMPLETED" else f" ({r['status']})")
+        timeouts = count(r["timeouts"]) + ("" if pd.isna(r["requests"]) else f"/{count(r['requests'])}")
+        table.add_row(str(config), str(r["cores"]), p50,
+                      "-" if pd.isna(r["speedup_p50"]) else f"{r['speedup_p50']:.2f}x", timeouts, r["knee"])
     return table
 
 

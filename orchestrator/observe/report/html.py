@@ -3,6 +3,10 @@
 No script, no stylesheet or font from elsewhere: the style is inline and the figures are PNG files
 next to the page, linked by relative path, so the folder can be copied, mailed or logged to MLflow
 as it is. Every value is escaped. A figure a trial did not record reads "not recorded".
+
+Each configuration's section opens with plain sentences: what starving costs and the knee
+(:func:`opening`, from the section's own rows), then the diagnosis's headline; its evidence follows as a
+small table of labelled figures with units (:data:`EVIDENCE`), never as ``key = value`` pairs.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
+from orchestrator.observe.report.comparison import TIMEOUT_MAJORITY
 from orchestrator.observe.report.sections import Extras
 from orchestrator.observe.report.tables import ReportOptions, Slo
 
@@ -25,6 +30,7 @@ th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 .muted { color: #777; } .bad { color: #b00; } .knee { font-weight: bold; background: #eef6ee; }
 .diagnosis { background: #f6f6ee; padding: 0.5em; border-left: 3px solid #aa8; }
+.diagnosis p { margin: 0.3em 0; } .diagnosis table { background: #fff; }
 img { max-width: 100%; margin: 0.4em 0; }
 """
 NOT_RECORDED = "not recorded"
@@ -132,6 +138,188 @@ def _rows_table(rows: pd.DataFrame, slo: Slo) -> str:
     return "".join(out)
 
 
+def _cores(n: float) -> str:
+    return "1 core" if int(n) == 1 else f"{int(n)} cores"
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: a capital first, a full stop last."""
+    text = str(text).strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith((".", "!", "?")) else ".") if text else ""
+
+
+def _share(v: float) -> str:
+    return f"{min(max(v, 0.0), 1.0):.0%}"
+
+
+def _times(v: float) -> str:
+    return f"{v:.1f}x" if v < 10 else f"{v:.0f}x"
+
+
+def opening(rows: pd.DataFrame, knee: int | None, tolerance: float) -> str:
+    """The section's first sentence, from its comparison rows: what starving costs and the knee.
+
+    "At 1 core TTFT p50 is 2.3x the best (580 ms against 250 ms at 4 cores); the knee is 4 cores, the fewest
+    within 10% of the best." The starved point is the fewest cores that count for the knee; core counts that
+    do not count (every trial failed, most requests timed out) are said first, and none reads as "nan".
+    """
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(float("nan"), rows.index)
+
+    ttft, rate = num("ttft_p50_s"), num("timeout_rate")
+    cores = num("cores")
+    left_out: dict[str, list[int]] = {}
+    usable: list[tuple[int, float, float]] = []  # (cores, TTFT p50, timeout rate)
+    for i in rows.index[cores.notna()]:
+        c, t, r = int(cores[i]), ttft[i], rate[i]
+        if _nan(t) or t <= 0:
+            failed = str(rows["status"][i]) == "FAILED" if "status" in rows else False
+            cell = rows["cell"][i] if "cell" in rows and not _nan(rows["cell"][i]) and rows["cell"][i] else ""
+            why = ("every trial failed" if failed else "no request finished") + (f" ({cell})" if cell else "")
+        elif not _nan(r) and r > TIMEOUT_MAJORITY:
+            why = f"{_share(r)} of requests time out"
+        else:
+            usable.append((c, float(t), 0.0 if _nan(r) else float(r)))
+            continue
+        left_out.setdefault(why, []).append(c)
+    parts = [f"at {' and '.join(str(c) for c in cs[:-1])}{' and ' if len(cs) > 1 else ''}{_cores(cs[-1])} {why}"
+             for why, cs in left_out.items()]
+    if not usable:
+        return _sentence("; ".join(parts) if parts else "no core count has a TTFT p50 yet")
+    usable.sort()
+    c_lo, t_lo, r_lo = usable[0]
+    c_best, t_best, _ = min(usable, key=lambda u: (u[1], u[0]))
+    ms = f"{1000 * t_lo:.0f} ms"
+    if len(usable) == 1:
+        parts.append(f"only {_cores(c_lo)} has a TTFT p50 that counts ({ms}), so there is nothing to compare it with")
+    elif c_best == c_lo:
+        parts.append(f"TTFT p50 is at its best at the fewest cores that count, {_cores(c_lo)} ({ms}): starving "
+                     f"costs nothing at this load")
+    else:
+        ratio = t_lo / t_best
+        against = f"({ms} against {1000 * t_best:.0f} ms at {_cores(c_best)})"
+        if ratio <= 1 + tolerance:
+            parts.append(f"at {_cores(c_lo)} TTFT p50 is within {_share(ratio - 1)} of the best {against}")
+        else:
+            parts.append(f"at {_cores(c_lo)} TTFT p50 is {_times(ratio)} the best {against}")
+        if r_lo > 0.01:
+            parts[-1] += f", and {_share(r_lo)} of its requests time out"
+    if knee is not None:
+        parts.append(f"the knee is {_cores(knee)}, the fewest within {tolerance:.0%} of the best")
+        if len(usable) > 1 and knee == max(int(c) for c in cores.dropna()):
+            parts[-1] += ", and the most cores tested, so TTFT may still fall beyond it"
+    return _sentence("; ".join(parts))
+
+
+def _ms_text(v: float) -> str:
+    return f"{1000 * v:.0f}" if abs(v) >= 0.0095 else f"{1000 * v:.1f}"
+
+
+def _fixed(fmt: str) -> Callable[[float], str]:
+    return lambda v: fmt.format(v)
+
+
+# Evidence figure (a Diagnosis.evidence key, without its _lo / _hi end) -> (label, unit, formatter). The formatter
+# writes the number in that unit ("%" of a fraction is clipped to 0-100%; a utilisation is already a percent);
+# {lo} and {hi} in a label: the fewest and the most cores; a prefix's {}: the role after it.
+EVIDENCE: dict[str, tuple[str, str, Callable[[float], str]]] = {
+    "ttft_p50_s": ("TTFT p50", "ms", _ms_text),
+    "server_ttft_s_mean": ("server TTFT (mean)", "ms", _ms_text),
+    "server_frontend_s_mean": ("of which frontend: tokenization and request handling", "ms", _ms_text),
+    "server_rest_s_mean": ("of which queue and prefill", "ms", _ms_text),
+    "frontend_share": ("frontend share of server TTFT", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
+    "timeout_rate": ("requests timed out", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
+    "replica_cpu_util_mean": ("replica CPU busy", "%", lambda v: f"{min(max(v, 0.0), 100.0):.0f}"),
+    "gpu_util_mean": ("GPU busy", "%", lambda v: f"{min(max(v, 0.0), 100.0):.0f}"),
+    "gpu_profile_busy_frac": ("GPU busy (profiler)", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
+    "gpu_profile_gap_us_p99": ("GPU kernel gaps p99", "µs", _fixed("{:.0f}")),
+    "cpu_s_per_req_": ("CPU time per request: {}", "ms", lambda v: f"{1000 * v:.1f}"),
+    "runq_wait_s_": ("waiting for a core: {}", "s per window", _fixed("{:.2f}")),
+    "knee_cores": ("knee", "cores", _fixed("{:.0f}")),
+    "ttft_growth": ("TTFT p50 at {lo} / at {hi}", "x", _fixed("{:.2f}")),
+    "ttft_p50_top_step": ("TTFT p50 at the core count below {hi} / at {hi}", "x", _fixed("{:.2f}")),
+    "server_num_requests_running_mean": ("requests running in the engine (mean, at the most cores)", "",
+                                         _fixed("{:.1f}")),
+    "client_in_flight_mean": ("requests in flight (mean, at the most cores)", "", _fixed("{:.1f}")),
+    "running_share": ("share of those in flight running in the engine", "%",
+                      lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
+    "core_counts_failed": ("core counts where every trial failed", "", _fixed("{:.0f}")),
+    "core_counts": ("core counts tried", "", _fixed("{:.0f}")),
+}
+_PREFIXED = ("cpu_s_per_req_", "runq_wait_s_")
+_GUESSED = (("_s", "ms", _ms_text), ("_frac", "%", EVIDENCE["frontend_share"][2]),
+            ("_share", "%", EVIDENCE["frontend_share"][2]), ("_rate", "%", EVIDENCE["frontend_share"][2]),
+            ("_us", "µs", _fixed("{:.0f}")), ("_ms", "ms", _fixed("{:.1f}")))
+
+
+def _figure(key: str) -> tuple[int, tuple[str, str, Callable[[float], str]]]:
+    """(its place in the table, (label, unit, formatter)) of an evidence figure; a key :data:`EVIDENCE` does not
+    know gets a label read from its name and a unit guessed from its ending."""
+    if key in EVIDENCE:
+        return list(EVIDENCE).index(key), EVIDENCE[key]
+    for prefix in _PREFIXED:
+        if key.startswith(prefix):
+            label, unit, fmt = EVIDENCE[prefix]
+            return list(EVIDENCE).index(prefix), (label.format(key[len(prefix):].replace("_", " ")), unit, fmt)
+    name = key.removesuffix("_mean")
+    unit, fmt = "", _fixed("{:.4g}")
+    for end, guessed, formatter in _GUESSED:
+        if name.endswith(end) or name == end[1:]:
+            name, unit, fmt = name.removesuffix(end) or end[1:], guessed, formatter
+            break
+    label = name.replace("_", " ").strip() + (" (mean)" if key.endswith("_mean") else "")
+    return len(EVIDENCE), (label, unit, fmt)
+
+
+def _with_unit(v: Any, unit: str, fmt: Callable[[float], str], sign: bool = False) -> str:
+    if _nan(v):
+        return "-"
+    text = fmt(float(v))
+    if sign:
+        text = ("+" if float(v) >= 0 else "−") + text.lstrip("-")
+    return text + ("" if unit in ("", "%", "x") else " ") + unit
+
+
+def evidence_table(evidence: Mapping[str, Any]) -> str:
+    """The diagnosis's figures as a small table: one labelled row per figure, with its unit; a figure measured at
+    both ends has a column for each (the most cores first) and, in time units, the change between them."""
+    ends = {end: evidence.get(f"cores_{end}") for end in ("hi", "lo")}
+    both = not _nan(ends["hi"]) and not _nan(ends["lo"]) and ends["hi"] != ends["lo"]
+    pairs: dict[str, dict[str, Any]] = {}
+    single: dict[str, Any] = {}
+    for key, v in evidence.items():
+        base, _, end = str(key).rpartition("_")
+        if end in ("lo", "hi") and base:
+            if base != "cores":
+                pairs.setdefault(base, {})[end] = v
+        else:
+            single[str(key)] = v
+    if not pairs and not single:
+        return ""
+    names = {e: _cores(ends[e]) if not _nan(ends[e]) else f"the {'fewest' if e == 'lo' else 'most'} cores"
+             for e in ends}
+    one = [e for e in ("hi", "lo") if not _nan(ends[e])][:1]  # one core count: both ends are the same point
+    shown = ["hi", "lo"] if both or not one else one
+    head = [f"at {names[e]}" for e in shown] + (["change"] if both else [])
+    out = ["<table class='evidence'><tr><th class='l'>figure</th>" + "".join(f"<th>{_e(h)}</th>" for h in head)
+           + "</tr>"] if pairs else ["<table class='evidence'>"]
+    width = len(head) if pairs else 1
+    for base, at in sorted(pairs.items(), key=lambda kv: _figure(kv[0])[0]):
+        label, unit, fmt = _figure(base)[1]
+        cells = [_with_unit(at.get(e), unit, fmt) for e in shown]
+        if both:
+            timed = unit in ("ms", "s per window", "µs") and not _nan(at.get("lo")) and not _nan(at.get("hi"))
+            cells.append(_with_unit(float(at["lo"]) - float(at["hi"]), unit, fmt, sign=True) if timed else "")
+        out.append(f"<tr><td class='l'>{_e(label)}</td>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    for key, v in sorted(single.items(), key=lambda kv: _figure(kv[0])[0]):
+        label, unit, fmt = _figure(key)[1]
+        label = label.replace("{lo}", names["lo"]).replace("{hi}", names["hi"])
+        value = _with_unit(v, unit, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+        span = f" colspan='{width}'" if width > 1 else ""
+        out.append(f"<tr><td class='l'>{_e(label)}</td><td class='l'{span}>{_e(value)}</td></tr>")
+    return "".join(out) + "</table>"
+
+
 def _img(path: str | None, alt: str) -> str:
     return f"<img src='{_e(path)}' alt='{_e(alt)}'>" if path else ""
 
@@ -160,17 +348,15 @@ def _extras(s: Section) -> str:
 
 def _section(s: Section, opts: ReportOptions) -> str:
     factors = ", ".join(f"{_e(k)}={_e(v)}" for k, v in s.factors.items())
-    knee = (f"<b>{s.knee} cores</b>: the fewest within {opts.tolerance:.0%} of the best TTFT p50"
-            if s.knee is not None else "none (no core count gave a TTFT p50)")
-    if s.knee is not None and len(s.rows) > 1 and s.knee == int(s.rows["cores"].max()):
-        knee += "; it is the most cores tested, so TTFT may still fall beyond it"
-    out = [f"<h2 id='{_e(s.anchor)}'>{_e(s.label)}</h2>", f"<p class='muted'>{factors}</p>",
-           f"<p>Observed knee: {knee}.</p>"]
+    out = [f"<h2 id='{_e(s.anchor)}'>{_e(s.label)}</h2>", f"<p class='muted'>{factors}</p>"]
+    said, table, detail = [opening(s.rows, s.knee, opts.tolerance)], "", ""
     d = s.extras.diagnosis
     if d is not None:
-        evidence = _pairs(getattr(d, "evidence", None) or {})
-        out.append(f"<p class='diagnosis'><b>Diagnosis ({_e(d.stage)}):</b> {_e(d.sentence)}"
-                   + (f"<br><span class='muted'>{evidence}</span>" if evidence else "") + "</p>")
+        said.append(getattr(d, "headline", "") or _sentence(d.sentence))
+        table = evidence_table(getattr(d, "evidence", None) or {})
+        detail = getattr(d, "detail", "")
+    out.append("<div class='diagnosis'><p>" + " ".join(_e(x) for x in said) + "</p>" + table
+               + (f"<p class='muted'>{_e(detail)}</p>" if detail else "") + "</div>")
     out.append(_rows_table(s.rows, opts.slo))
     for name, alt in (("ttft", "TTFT against cores"), ("side", "timeouts, utilisation and frontend share"),
                       ("goodput", "goodput against cores")):
@@ -244,4 +430,4 @@ def render(page: Page) -> str:
             + "\n".join(head + body) + "\n</body></html>\n")
 
 
-__all__ = ["NOT_RECORDED", "Page", "Section", "render"]
+__all__ = ["EVIDENCE", "NOT_RECORDED", "Page", "Section", "evidence_table", "opening", "render"]

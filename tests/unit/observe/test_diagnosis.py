@@ -41,6 +41,9 @@ def test_the_worked_example_says_try_more_api_servers():
     assert math.isclose(d.evidence["running_share"], 2.8 / 16)
     assert d.evidence["cores_hi"] == 12 and d.evidence["knee_cores"] == 4
     assert "cores helped up to the knee at 4" in d.sentence
+    assert d.headline.startswith("Frontend-bound, and more cores do not help: at 12 cores 911 of 968 ms of server "
+                                 "TTFT is frontend") and d.headline.endswith("try more API servers (this "
+                                                                             "configuration runs 1).")
 
 
 def test_the_worked_example_at_one_core_count():
@@ -73,6 +76,8 @@ def test_engine_loop():
     assert d.sentence.startswith("engine-bound as cores shrink; the fix is cores (the knee is at 4)")
     assert "3.00x from 8 to 1 cores" in d.sentence and "only 30 of the 570 ms" in d.sentence
     assert "97% busy at 1 core (saturated)" in d.sentence
+    assert d.headline.startswith("Engine-bound as cores shrink, and more cores fix it: only 30 of the 570 ms added "
+                                 "to server TTFT from 8 to 1 cores is frontend; the rest is queue and prefill")
 
 
 def test_gpu():
@@ -110,6 +115,10 @@ def test_missing_columns_are_tolerated():
     # The workload's concurrency stands in for the measured in-flight count.
     d = diagnose(WORKED.drop(columns=["client_in_flight_mean"]).assign(workload_concurrency="16"))
     assert "2.8 of 16 requests in flight" in d.sentence
+    # NaN where a figure was not recorded: left out, never "nan" in a sentence.
+    d = diagnose(WORKED.assign(server_frontend_s_mean=float("nan"), replica_cpu_util_mean=float("nan")))
+    assert d.stage == "unknown" and "nan" not in (d.sentence + d.headline).lower()
+    assert "server_frontend_s_mean_lo" not in d.evidence
 
 
 def test_one_core_count_without_spare_cores():
@@ -172,3 +181,15 @@ def test_the_growing_wait_and_the_gpu_side_explain_a_flat_cpu_cost():
             "11.30 s (0.00 s at 12)") in d.sentence
     assert "the GPU was busy 71% of the time at 1 core against 91% at 12 (kernel gaps p99 71 against 8 us)" in d.sentence
     assert d.evidence["runq_wait_s_engine_core_lo"] == 11.70 and d.evidence["gpu_profile_busy_frac_hi"] == 0.91
+    assert d.detail.startswith("The CPU time per request grows by less than 20% or 2 ms; waiting for a core")
+    assert d.evidence["cpu_s_per_req_engine_core_lo"] == 0.039  # flat, and shown as such
+
+
+def test_a_core_count_where_most_requests_time_out_is_no_knee():
+    # At 1 core the few requests that finish are fast, but 80% time out: the knee is where most finish.
+    df = frame((1, 0.20, 0.20, 0.05, 90.0, 40.0, 2.0, 16.0), (4, 0.30, 0.29, 0.05, 50.0, 70.0, 8.0, 16.0),
+               (8, 0.29, 0.28, 0.05, 30.0, 72.0, 8.0, 16.0))
+    df["timeout_rate"] = [0.8, 0.0, 0.0]
+    d = diagnose(df)
+    assert d.evidence["knee_cores"] == 4 and "TTFT p50 falls to 0.69x from 8 to 1 cores" in d.sentence
+    assert "80% of its requests time out at 1 core (0% at 8)" in d.sentence

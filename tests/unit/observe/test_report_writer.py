@@ -48,7 +48,9 @@ def test_the_folder_is_offline_readable_with_plots_and_csvs(sweep, tmp_path: Pat
     assert all((files.folder / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert "a test outbox" in page and "TTFT &lt;= 0.3 s (from the sweep&#x27;s slo)" in page
     assert "not recorded" in page and "timeout" in page
-    assert "Observed knee: <b>8 cores</b>" in page and "it is the most cores tested" in page
+    assert "the knee is 8 cores, the fewest within 10% of the best, and the most cores tested" in page
+    assert "At 1 core 58% of requests time out; at 2 cores TTFT p50 is 2.4x the best" in page
+    assert " = " not in page.split("<body>")[1]  # the evidence is a table, no key = value pairs
     assert "Predicted knee" in page or "no knee model" in page.lower() or "too few" in page  # the real analyses ran
 
 
@@ -117,7 +119,8 @@ def test_the_analysis_sections_render_what_the_analyses_return(sweep, tmp_path: 
     monkeypatch.setattr(sections.cost, "knee_costs", knee_costs)
     files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=50, core_hour_usd=0.05, gpu_hour_usd=4))
     page = files.index.read_text()
-    assert "Diagnosis (frontend):</b> tokenization starves below 8 cores" in page
+    assert "Tokenization starves below 8 cores." in page  # no headline: the sentence, as a sentence
+    assert "<td class='l'>share</td><td class='l'>60%</td>" in page  # a key it does not know
     assert "Predicted knee: <b>4 cores</b> (observed: 8 cores)" in page and "one more GPU" in page
     assert (files.folder / "plots" / "config-1-holdout.png").is_file()
     assert "usd_per_1k_requests" in page

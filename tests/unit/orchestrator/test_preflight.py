@@ -289,3 +289,71 @@ def test_a_plain_value_error_is_config_only_when_a_loader_raised_it():
     dual = err.as_instanceof_cause()  # what ray.get raises
     assert _task_error_kind(dual.cause, str(dual)) is ErrorKind.CONFIG
     assert _task_error_kind(ValueError("x"), 'File "/r/orchestrator/observe/summary.py"') is ErrorKind.INTERNAL
+
+
+# ---------------------------------------------------------------- a local run against this machine
+
+def _grid_sweep(tmp: Path, grid: str, client: str = "{cores: 1}") -> Path:
+    f = tmp / "grid.yaml"
+    f.write_text("name: t\nmodels: [{name: m, shape: tiny-llama}]\n"
+                 "workloads: [{name: w, kind: agentic, sessions: 1, turns: 1}]\n"
+                 f"grid: {grid}\nclient: {client}\n")
+    return f
+
+
+def test_a_local_run_refuses_trials_larger_than_the_machine(tmp_path):
+    sweep = _grid_sweep(tmp_path, "{cores: [1, 8]}")
+    [problem] = pf.preflight(load_spec(sweep), sweep, for_run=True, cluster=False, machine=pf.Machine(2, 0))
+    assert problem.is_error
+    assert problem.message == (f"{sweep}: grid.cores: 8 cores + 1 client core need 9 cores; this machine has 2 "
+                               "(a cluster run, with RAY_ADDRESS set, checks this per node instead)")
+    gpus = _grid_sweep(tmp_path, "{cores: [1], gpus: [0, 2]}")
+    [problem] = pf.preflight(load_spec(gpus), gpus, for_run=True, cluster=False, machine=pf.Machine(2, 1))
+    assert problem.is_error and f"{gpus}: grid.gpus: 2 GPUs per trial; this machine has 1" in problem.message
+
+
+def test_the_client_core_counts_only_when_it_may_not_share(tmp_path):
+    machine = pf.Machine(2, 0)
+    require = _grid_sweep(tmp_path, "{cores: [1, 2], calibrate: [2]}", "{cores: 1, isolation: require}")
+    problems = [p.message for p in pf.preflight(load_spec(require), require, for_run=True, cluster=False,
+                                                machine=machine)]
+    assert [m.split(": ", 2)[1] for m in problems] == ["grid.cores", "grid.calibrate"]
+    assert "2 cores + 1 client core need 3 cores" in problems[0]
+    for iso in ("prefer", "share"):
+        shared = _grid_sweep(tmp_path, "{cores: [1, 2]}", f"{{cores: 1, isolation: {iso}}}")
+        assert pf.preflight(load_spec(shared), shared, for_run=True, cluster=False, machine=machine) == []
+    big = _grid_sweep(tmp_path, "{cores: [3, 4]}", "{cores: 1, isolation: prefer}")
+    [problem] = pf.preflight(load_spec(big), big, for_run=True, cluster=False, machine=machine)
+    assert "grid.cores: 3, 4 cores, the client sharing them (client.isolation: prefer), need up to 4 cores" \
+        in problem.message
+
+
+def test_only_a_local_run_is_sized_against_the_machine(tmp_path, monkeypatch):
+    sweep = _grid_sweep(tmp_path, "{cores: [64], gpus: [8]}")
+    tiny = pf.Machine(2, 0)
+    assert pf.preflight(load_spec(sweep), sweep, for_run=True, cluster=True, machine=tiny) == []  # per node, later
+    assert pf.preflight(load_spec(sweep), sweep, for_run=False, cluster=False, machine=tiny) == []  # plan
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert pf.preflight(load_spec(sweep), sweep, for_run=True, machine=tiny) == []
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert len(pf.preflight(load_spec(sweep), sweep, for_run=True, machine=tiny)) == 2
+
+
+def test_the_smoke_sweep_fits_a_two_core_machine():
+    smoke = ROOT / "sweeps" / "smoke.yaml"
+    assert pf.preflight(load_spec(smoke), smoke, for_run=True, cluster=False, machine=pf.Machine(2, 0)) == []
+
+
+def test_the_machine_counts_gpus_without_nvml_through_nvidia_smi(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
+        (_ for _ in ()).throw(ImportError(name)) if name == "pynvml" else real_import(name, *a, **k)))
+    monkeypatch.setattr(pf.shutil, "which", lambda name: None)
+    assert pf._gpu_count() == 0
+    monkeypatch.setattr(pf.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    listing = "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n"
+    monkeypatch.setattr(pf.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert pf._gpu_count() == 2
+    assert pf.Machine.here().cores >= 1

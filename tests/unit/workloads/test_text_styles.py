@@ -46,9 +46,12 @@ def test_uniform_words_cost_more_than_agent_text(qwen3_factory: TextFactory) -> 
     # Why the styles exist: random single-token words are far costlier than real text.
     tok = qwen3_factory.tokenizer
     plan = [(stable_id("cost-sample", i), 256) for i in range(80)]
-    mixed = tokenize_cost_ms_per_1k(tok, qwen3_factory.render(plan))
-    uniform = tokenize_cost_ms_per_1k(tok, TextFactory(tok, style="uniform").render(plan))
-    assert uniform > 1.5 * mixed
+    texts = {"mixed": qwen3_factory.render(plan), "uniform": TextFactory(tok, style="uniform").render(plan)}
+    best = dict.fromkeys(texts, float("inf"))
+    for _ in range(3):  # alternately, each from a cold word cache; noise only adds time, so the best of each
+        for name, text in texts.items():
+            best[name] = min(best[name], tokenize_cost_ms_per_1k(tok, text))
+    assert best["uniform"] > 1.5 * best["mixed"]
 
 
 @pytest.mark.parametrize("style", REAL)
