@@ -32,7 +32,8 @@ from orchestrator.infra.lifeline import Lifeline
 from orchestrator.infra.net import free_port, http_ok, port_is_free
 from orchestrator.values.trial import TrialSpec
 from orchestrator.node.hostfacts import vllm_version
-from orchestrator.node.restrict import Restriction, RestrictionError, Verification, choose_mode, tree_pids
+from orchestrator.node.restrict import (Restriction, RestrictionError, Verification, choose_mode, pid_alive,
+                                       tree_pids)
 from workloads.vllm_cli import VLLM_CLI_SHIM
 from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
 from orchestrator.values.results import ErrorKind
@@ -273,7 +274,10 @@ class VllmReplica:
         self.lifeline.started()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Running and not on its way out. ``poll()`` alone is not enough: a killed server's main thread is a
+        zombie at once, but ``waitpid`` reports it only when its last thread has exited (seconds on a loaded
+        machine), and a trial read in between must not pass as served by a live server."""
+        return self.proc is not None and self.proc.poll() is None and pid_alive(self.proc.pid)
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
         """Block until /health and /v1/models answer 200; returns seconds since start.

@@ -292,9 +292,11 @@ def tree_pids(root_pid: int) -> list[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not)."""
+    """Whether ``pid`` is a live process. A zombie is not, nor a process whose main thread is a zombie while
+    its other threads are still on their way out (a SIGKILLed server: ``waitpid`` reports it only after its
+    last thread has exited, so until then ``Popen.poll()`` still says it runs)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return False
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -143,16 +144,42 @@ def host_spec(trial: TrialSpec, config: Mapping[str, Any], port: int, status_pat
 
 # ---------------------------------------------------------------- which process is which (pure)
 
+_METHOD = re.compile(r"\.[A-Za-z_]\w*$")
+
+
+def process_name(title: str, deployments: Sequence[str] = ()) -> str:
+    """A process's name that does not depend on when it is read. Ray titles an actor's worker
+    ``ray::<actor class>.<method>`` while a method runs and ``ray::<actor class>`` between methods
+    (``ray::ServeController.listen_for_change``, then ``ray::ServeController``); a Serve replica's actor
+    class is ``ServeReplica:<app>:<deployment>``. The method is dropped. A deployment name may hold dots
+    itself (``LLMServer:llama-3.1-8b``): a title that starts with one of ``deployments`` (full
+    ``ServeReplica:<app>:<deployment>`` names, without ``ray::``) is named by it exactly."""
+    t = title.strip()
+    if not t.startswith("ray::"):
+        return t
+    for d in sorted(deployments, key=len, reverse=True):
+        full = "ray::" + d
+        if t == full or t.startswith(full + "."):
+            return full
+    return _METHOD.sub("", t)
+
+
+def replica_names(model: str, app: str = APP_NAME) -> tuple[str, str]:
+    """The actor classes of the app's two deployments: the ingress's and the LLMServer's."""
+    return f"ServeReplica:{app}:{INGRESS_NAME}", f"ServeReplica:{app}:{SERVER_PREFIX}{model}"
+
+
 def classify(title: str, serving_env: bool = False) -> Role | None:
-    """A process's role from its title (Ray's ``ray::<actor class>[:<app>:<deployment>]``, vLLM's
-    ``VLLM::<process>``) and whether it was started with the LLMServer's runtime env (``serving_env``:
-    vLLM's Ray workers, Ray Serve LLM's telemetry actor, the worker of its node-set-up task). None for a
-    process that says nothing, whose parent then decides."""
+    """A process's role from its title (Ray's ``ray::<actor class>[:<app>:<deployment>][.<method>]``,
+    vLLM's ``VLLM::<process>``) and whether it was started with the LLMServer's runtime env
+    (``serving_env``: vLLM's Ray workers, Ray Serve LLM's telemetry actor, the worker of its node-set-up
+    task). None for a process that says nothing, whose parent then decides. The method a Ray worker runs
+    at the moment never changes the answer."""
     t = title.strip()
     if t.startswith("ray::ServeReplica:"):
         deployment = t.split(":", 4)[-1] if t.count(":") >= 4 else ""
         return "serving" if deployment.startswith(SERVER_PREFIX) else "frontend"
-    if t.startswith(("ray::ServeController", "ray::ProxyActor")):
+    if process_name(t) in ("ray::ServeController", "ray::ProxyActor"):
         return "frontend"
     if serving_env or t.startswith("VLLM::"):  # vLLM's engine core and workers are the replica's children
         return "serving"
@@ -391,5 +418,5 @@ def _teardown(spec: dict[str, Any], status: Status, started: dict[str, bool]) ->
 
 
 
-__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "Role", "app_classes", "build_app", "classify", "engine_kwargs",
+__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "Role", "app_classes", "build_app", "classify", "engine_kwargs", "process_name", "replica_names",
            "host_spec", "llm_config", "main", "parse_cli_args", "pin_worker", "placement_bundles", "process_sets", "roots"]

@@ -21,6 +21,7 @@ from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError
 from orchestrator.node.restrict import pid_alive
 from orchestrator.node.serve_replica import ServeReplica
+from orchestrator.node.serve_host import process_name, replica_names
 from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.models import build_shape
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
@@ -111,11 +112,12 @@ def test_ray_serve_replica_serves_is_verified_and_leaves_nothing(local_ray: None
         assert v["ok"], v["violations"][:5]
         assert all(parse_cpulist(c) <= CORE for c in v["allowed"].values()) and v["threads"] >= v["processes"] > 10
         # Inside (the default) the frontend runs on the trial's core too: its threads are in the verification.
-        assert {t.split(":")[-1] if "ServeReplica" in t else t for p in sets["frontend"]
-                for t in [titles[str(p)]]} == {"ray::ServeController", "ray::ProxyActor", "OpenAiIngress"}
+        # Named as the product names them: a Ray worker's title carries the method it runs at that moment.
+        ingress, server = replica_names("tiny")
+        names = {p: process_name(titles[str(p)], (ingress, server)) for p in pids}
+        assert {names[p] for p in sets["frontend"]} == {"ray::ServeController", "ray::ProxyActor", "ray::" + ingress}
         assert {p.split("/")[0] for p in v["allowed"]} >= {str(p) for p in sets["frontend"] + sets["serving"]}
-        serving_titles = {titles[str(p)] for p in sets["serving"]}
-        assert {"ray::ServeReplica:trial:LLMServer:tiny", "VLLM::EngineCore"} <= serving_titles
+        assert {"ray::" + server, "VLLM::EngineCore"} <= {names[p] for p in sets["serving"]}
 
         p = up["params"]
         assert p["server_stack"] == "ray-serve" and p["ray_version"] == ray.__version__

@@ -110,11 +110,35 @@ def _plan_first_row(table: Mapping[str, Any] | None) -> Mapping[str, Any] | None
     return dict(zip(table.get("columns", []), table["data"][0]))
 
 
-def _download_json(client: Any, run_id: str, name: str, dst: Path) -> Any | None:
+class ArtifactReadError(RuntimeError):
+    """An artifact the run lists could not be listed, downloaded or parsed: a failure, never "not recorded"."""
+
+
+def _artifact(client: Any, run_id: str, name: str, dst: Path) -> Path | None:
+    """The downloaded artifact ``name`` of run ``run_id``; None only when the run does not list it.
+    A listing or download that fails raises :class:`ArtifactReadError` naming the run, the artifact and why."""
     try:
-        return json.loads(Path(client.download_artifacts(run_id, name, str(dst))).read_text())
-    except Exception:  # noqa: BLE001 (absent artifact: the sweep simply does not record it)
+        listed = {a.path for a in client.list_artifacts(run_id)}
+    except Exception as exc:  # noqa: BLE001 - re-raised with what was being read
+        raise ArtifactReadError(f"run {run_id}: could not list its artifacts: {type(exc).__name__}: {exc}") from exc
+    if name not in listed:
         return None
+    try:
+        return Path(client.download_artifacts(run_id, name, str(dst)))
+    except Exception as exc:  # noqa: BLE001 - re-raised with what was being read
+        raise ArtifactReadError(f"run {run_id}: {name} is recorded but could not be downloaded: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def _download_json(client: Any, run_id: str, name: str, dst: Path) -> Any | None:
+    """A JSON artifact; None when the run does not record it (a failed read or bad JSON raises)."""
+    path = _artifact(client, run_id, name, dst)
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactReadError(f"run {run_id}: {name} is not readable JSON: {type(exc).__name__}: {exc}") from exc
 
 
 def from_mlflow(client: Any, sweep: str, *, source: str) -> SweepData | None:
@@ -134,9 +158,8 @@ def from_mlflow(client: Any, sweep: str, *, source: str) -> SweepData | None:
                 continue
             dst = Path(tmp) / run.info.run_id
             dst.mkdir()
-            try:
-                path = Path(client.download_artifacts(run.info.run_id, "records.parquet", str(dst)))
-            except Exception:  # noqa: BLE001 (a run logged without records)
+            path = _artifact(client, run.info.run_id, "records.parquet", dst)
+            if path is None:  # a run logged without records
                 notes.append(f"trial {tid} (run {run.info.run_id}): no records.parquet artifact")
                 continue
             try:
@@ -202,5 +225,5 @@ def pending_note(outbox_dir: Path, sweep: str) -> str | None:
     return f"{n} result(s) of this sweep are still in the outbox {outbox_dir} and not shown; `orchestrator sync` uploads them"
 
 
-__all__ = ["ReportInputError", "SweepData", "first_slo", "from_mlflow", "from_outbox", "pending_note", "read_records",
+__all__ = ["ArtifactReadError", "ReportInputError", "SweepData", "first_slo", "from_mlflow", "from_outbox", "pending_note", "read_records",
            "slo_of"]

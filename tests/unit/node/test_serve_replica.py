@@ -17,7 +17,8 @@ from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError, build_vllm_command
 from orchestrator.node.serve_host import (APP_NAME, CGROUP_ENV, CPUS_ENV, HOOK, classify, engine_kwargs, host_spec,
-                                          llm_config, parse_cli_args, placement_bundles, process_sets, roots)
+                                          llm_config, parse_cli_args, placement_bundles, process_name, process_sets,
+                                          replica_names, roots)
 from orchestrator.node.serve_replica import (OUTER_RAY_ENV, PROJECT_ROOT, ServeReplica, frontend_cpus, host_env,
                                              merge, verify_pids)
 from orchestrator.values.trial import TrialSpec
@@ -171,6 +172,28 @@ def test_titles_name_roles() -> None:
     assert classify("ray::ServeController") == classify("ray::ProxyActor") == "frontend"
     assert classify("VLLM::EngineCore") == classify("ray::IDLE", serving_env=True) == "serving"
     assert classify("ray::IDLE") is None and classify("ray::DashboardAgent") is None
+
+
+def test_names_and_roles_do_not_depend_on_the_method_running_when_read() -> None:
+    """Ray titles a worker ``ray::<class>.<method>`` while a method runs (a CI run read
+    ``ray::ServeController.listen_for_change``): the name and the role are the idle title's."""
+    deps = replica_names("llama-3.1-8b")
+    busy = {"ray::ServeController.listen_for_change": "ray::ServeController",
+            "ray::ProxyActor.ready": "ray::ProxyActor",
+            "ray::ServeReplica:trial:OpenAiIngress.handle_request_streaming": "ray::ServeReplica:trial:OpenAiIngress",
+            "ray::ServeReplica:trial:LLMServer:llama-3.1-8b.handle_request":
+                "ray::ServeReplica:trial:LLMServer:llama-3.1-8b",
+            "ray::ServeReplica:trial:LLMServer:llama-3.1-8b": "ray::ServeReplica:trial:LLMServer:llama-3.1-8b",
+            "VLLM::EngineCore": "VLLM::EngineCore", "python -m x.y": "python -m x.y"}
+    for title, idle in busy.items():
+        assert process_name(title, deps) == idle, title
+        assert classify(title) == classify(idle), title
+    # a deployment name that ends in something like a method keeps it when it is known
+    assert process_name("ray::ServeReplica:trial:LLMServer:m.v2", replica_names("m.v2")) == \
+        "ray::ServeReplica:trial:LLMServer:m.v2"
+    tree = {pid: (ppid, title.replace("ServeController", "ServeController.listen_for_change")
+                  .replace("ProxyActor", "ProxyActor.check_health"), env) for pid, (ppid, title, env) in TREE.items()}
+    assert process_sets(tree) == process_sets(TREE)
 
 
 def test_a_serve_tree_splits_into_serving_frontend_and_ray() -> None:

@@ -107,3 +107,38 @@ def test_bad_slos_name_the_record_and_field(data, match):
 
 def test_the_first_record_with_slos_wins():
     assert first_slo([({}, "params"), ({"slo": {"tpot_s": 0.2}}, "spec"), ({"slo_ttft_s": 9}, "plan")]).tpot_s == 0.2
+
+
+class _Client:
+    """MLflow's artifact calls, as a client that lists ``listed`` and fails downloads with ``fail``."""
+
+    def __init__(self, listed: dict[str, bytes], fail: Exception | None = None, list_fail: Exception | None = None):
+        self.listed, self.fail, self.list_fail = listed, fail, list_fail
+
+    def list_artifacts(self, run_id: str):
+        if self.list_fail is not None:
+            raise self.list_fail
+        return [type("FileInfo", (), {"path": name})() for name in self.listed]
+
+    def download_artifacts(self, run_id: str, name: str, dst: str) -> str:
+        if self.fail is not None:
+            raise self.fail
+        out = Path(dst) / name
+        out.write_bytes(self.listed[name])
+        return str(out)
+
+
+def test_an_absent_artifact_is_none_and_a_failed_read_is_an_error(tmp_path: Path):
+    from orchestrator.observe.report.data import ArtifactReadError, _artifact, _download_json
+
+    assert _artifact(_Client({}), "r1", "records.parquet", tmp_path) is None  # not recorded
+    assert _download_json(_Client({"spec.json": b'{"a": 1}'}), "r1", "spec.json", tmp_path) == {"a": 1}
+    assert _download_json(_Client({"plan.json": b"{}"}), "r1", "spec.json", tmp_path) is None
+    with pytest.raises(ArtifactReadError, match="run r1: records.parquet is recorded but could not be downloaded: "
+                                                "ConnectionError: refused"):
+        _artifact(_Client({"records.parquet": b""}, fail=ConnectionError("refused")), "r1", "records.parquet",
+                  tmp_path)
+    with pytest.raises(ArtifactReadError, match="run r2: could not list its artifacts: TimeoutError"):
+        _download_json(_Client({}, list_fail=TimeoutError("slow")), "r2", "spec.json", tmp_path)
+    with pytest.raises(ArtifactReadError, match="run r3: spec.json is not readable JSON"):
+        _download_json(_Client({"spec.json": b"{not json"}), "r3", "spec.json", tmp_path)
