@@ -19,14 +19,16 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from orchestrator.infra import survivors
-from orchestrator.node.accounting import CoreAccounting
-from orchestrator.node.attribution import RoleAccounting
+from orchestrator.node.accounting import CoreAccounting, CoreReading, span_figures
+from orchestrator.node.attribution import RoleAccounting, RoleWindow, Snapshot, span_window
 from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology, format_cpulist
 from orchestrator.node.gpu_profile import GpuProfileCapture
 from orchestrator.node.hostfacts import host_facts
@@ -36,7 +38,7 @@ from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids, verify_self
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.restrict import Verification
-from orchestrator.node.telemetry import TelemetrySampler, delta, rows_in_span, scrape
+from orchestrator.node.telemetry import TelemetrySampler, delta, rows_in_span, scrape, span_readings
 from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
 
 
@@ -82,6 +84,12 @@ def core_agent(node_id: str) -> Any:
     ).remote()
 
 
+def span_bounds(span: WindowSpan, started_at: float) -> tuple[float, float]:
+    """The span in the sampler's seconds (row ``t``, counter reading ``t``), given the sampler's start on
+    the monotonic clock (pure)."""
+    return span.start_ns / 1e9 - started_at, span.end_ns / 1e9 - started_at
+
+
 def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: float, span: WindowSpan,
                   wall_offset: float | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The telemetry rows inside the requests' span, and the span's facts (pure).
@@ -90,8 +98,7 @@ def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: floa
     it sampled. Returns (rows in the span, {``window_span_s``, ``window_drain_s``,
     ``telemetry_outside_span_s``}): what the means are taken over, and how much sampled time was left out;
     with ``wall_offset`` (``time.time() - time.monotonic()``) also the span's bounds in Unix seconds."""
-    t0 = span.start_ns / 1e9 - started_at
-    t1 = span.end_ns / 1e9 - started_at
+    t0, t1 = span_bounds(span, started_at)
     facts = {"window_span_s": round(max(0.0, t1 - t0), 3),
              "window_drain_s": round(max(0.0, (span.end_ns - span.window_end_ns) / 1e9), 3),
              "telemetry_outside_span_s": round(max(0.0, sampled_s - max(0.0, t1 - t0)), 3)}
@@ -99,6 +106,34 @@ def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: floa
         facts["window_span_start_unix"] = round(span.start_ns / 1e9 + wall_offset, 3)
         facts["window_span_end_unix"] = round(span.end_ns / 1e9 + wall_offset, 3)
     return rows_in_span(rows, t0, t1), facts
+
+
+@dataclass(frozen=True)
+class CounterReading:
+    """One reading of a window's cumulative counters (the sampler takes one every period): the replica's
+    cores and tree (:class:`~orchestrator.node.accounting.CoreReading`) and its processes by role."""
+
+    cores: CoreReading
+    roles: Snapshot
+
+
+def window_counters(readings: Sequence[tuple[float, CounterReading]], t0: float, t1: float, root: int,
+                    ncores: int) -> tuple[dict[str, float], RoleWindow | None, dict[str, float]]:
+    """The CPU accounting and the per-role figures over ``[t0, t1]`` (the requests' span, in the sampler's
+    seconds) from the sampler's counter readings ``(t, reading)`` (pure).
+
+    Both come from the same two readings, the first and the last inside the span
+    (:func:`~orchestrator.node.telemetry.span_readings`), their differences scaled to the span's length;
+    the foreign share divides by the span's seconds times ``ncores``. Returns (accounting metrics, role
+    window or None without two readings apart, {``accounting_s``: the seconds between the two readings}).
+    """
+    pair = span_readings([t for t, _ in readings], t0, t1)
+    if pair is None:
+        return {}, None, {}
+    (ta, a), (tb, b) = readings[pair[0]], readings[pair[1]]
+    covered, span_s = tb - ta, max(0.0, t1 - t0)
+    return (span_figures(a.cores, b.cores, covered, span_s, ncores),
+            span_window(a.roles, b.roles, root, covered, span_s), {"accounting_s": round(covered, 3)})
 
 
 def pin_process(cpus: list[int]) -> None:
@@ -172,7 +207,6 @@ class ReplicaActor:
         self._profiled: str | None = None  # where this start's GPU profile was captured: warmup, window
         self._profile_result: tuple[dict[str, float], dict[str, str]] | None = None
         self._windows = 0
-        self._accounting_from = 0.0
         self.before: Any = None
         self.tokenizer_path = ""
         self._lock = threading.Lock()
@@ -300,15 +334,18 @@ class ReplicaActor:
             facts["prefix_cache_reset"] = "off"
         self.before = scrape(self.replica.base_url)
         tel = t.telemetry
+        root = self.replica.pid
+        # The CPU accounting and the roles are read by the sampler, every period, with its samples:
+        # end_window takes the figures from the readings inside the requests' span (window_counters).
+        cores = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
+        roles = RoleAccounting(root, lambda: tree_pids(root))
+        self.accounting, self.roles = cores, roles
         self.sampler = TelemetrySampler(replica_cpus=sorted(self.replica.cores), client_cpus=client_cpus,
                                         metrics_url=self.replica.base_url if tel.metrics_hz > 0 else None,
                                         hz=tel.host_hz, metrics_hz=tel.metrics_hz or 1.0,
-                                        gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0)
+                                        gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0,
+                                        counters=lambda: CounterReading(cores.read(), roles.read()))
         self.sampler.start()
-        root = self.replica.pid
-        self._accounting_from = time.monotonic()
-        self.accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
-        self.roles = RoleAccounting(root, lambda: tree_pids(root)).start()
         st = tel.stacks
         self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
                        if st.enabled else None)
@@ -352,12 +389,33 @@ class ReplicaActor:
 
     def end_window(self, requests: int | None = None, span: WindowSpan | None = None) -> WindowFigures:
         """Stop sampling and take the after-scrape; ``requests`` (sent in the window) makes the per-request
-        CPU figures of the attribution; ``span`` (the requests' first send to last completion) bounds the
-        samples the window's means are taken over."""
+        CPU figures of the attribution.
+
+        ``span`` (the requests' first send to last completion) bounds every figure of the window: the
+        samples the means are taken over (:func:`window_series`), the counter readings the CPU accounting
+        and the roles come from (:func:`window_counters`), and the seconds the server's token rates divide
+        by. Without a span (no request recorded), the sampler's whole life."""
         assert self.replica is not None
-        accounting = self.accounting.stop() if self.accounting else {}
-        accounted_s = time.monotonic() - self._accounting_from
-        attribution, attribution_params = self._attribution(requests)
+        sampler, self.sampler = self.sampler, None
+        rows = sampler.stop() if sampler else []  # with the counters' last reading
+        span_rows, span_facts = rows, {}
+        accounting: dict[str, float] = {}
+        roles: RoleWindow | None = None
+        span_s: float | None = None
+        if sampler is not None:
+            readings = sampler.counter_readings
+            if span is not None:
+                span_rows, facts = window_series(rows, sampler.started_at, sampler.sampled_s, span,
+                                                 wall_offset=time.time() - time.monotonic())
+                span_facts.update(facts)
+                t0, t1 = span_bounds(span, sampler.started_at)
+                span_s = max(0.0, t1 - t0)
+            else:
+                t0, t1 = (readings[0][0], readings[-1][0]) if readings else (0.0, 0.0)
+            accounting, roles, facts = window_counters(readings, t0, t1, self.replica.pid, len(self.replica.cores))
+            span_facts.update(facts)
+        self.accounting = self.roles = None
+        attribution, attribution_params = self._attribution(requests, roles)
         if self.gpu_capture is not None:  # captured in this window
             capture, self.gpu_capture = self.gpu_capture, None
             self._profile_result = capture.stop(timeout_s=self._profile_timeout())
@@ -365,31 +423,23 @@ class ReplicaActor:
             attribution.update(self._profile_result[0])
             attribution_params.update(self._profile_result[1])
             self._profile_result = None
-        sampler, self.sampler = self.sampler, None
-        rows = sampler.stop() if sampler else []
-        span_rows, span_facts = rows, {"accounting_s": round(accounted_s, 3)}
-        if span is not None and sampler is not None:
-            span_rows, facts = window_series(rows, sampler.started_at, sampler.sampled_s, span,
-                                             wall_offset=time.time() - time.monotonic())
-            span_facts.update(facts)
         alive = self.replica.alive()
         try:
             after = scrape(self.replica.base_url) if alive else None
         except OSError:  # the server died or stopped answering: the trial fails as SERVER_DIED, not here
             after, alive = None, False
-        server = delta(self.before, after) if self.before is not None and after is not None else {}
+        server = delta(self.before, after, span_s) if self.before is not None and after is not None else {}
         block = self.before.block_size() if self.before is not None else None
         return WindowFigures(server=server, rows=rows, span_rows=span_rows, alive=alive,
                              block_size=block or self.trial.server.block_size, accounting=accounting,
                              attribution=attribution, attribution_params=attribution_params, span=span_facts)
 
-    def _attribution(self, requests: int | None) -> tuple[dict[str, float], dict[str, str]]:
-        """CPU time per process role, and with ``telemetry.stacks`` the sampled stacks by category; the
-        collapsed stacks are written beside the trial's files (``stacks-w<window>-<role>.collapsed``)."""
-        if self.roles is None:
-            return {}, {}
-        roles, self.roles = self.roles.stop(), None
-        metrics, params = roles.metrics(requests), roles.params()
+    def _attribution(self, requests: int | None, roles: RoleWindow | None) -> tuple[dict[str, float], dict[str, str]]:
+        """CPU time per process role over the span (``roles``, from :func:`window_counters`), and with
+        ``telemetry.stacks`` the sampled stacks by category, sharing out the span's CPU time (py-spy's raw
+        stacks carry no time, so their shares are of the whole window); the collapsed stacks are written
+        beside the trial's files (``stacks-w<window>-<role>.collapsed``)."""
+        metrics, params = (roles.metrics(requests), roles.params()) if roles is not None else ({}, {})
         self._windows += 1
         if self.stacks is not None:
             window, self.stacks = self.stacks.stop(roles), None
@@ -538,5 +588,5 @@ def _workload_spec(workload_json: str) -> Any:
     return TypeAdapter(WorkloadSpec).validate_json(workload_json)
 
 
-__all__ = ["NodeCoreAgent", "ReplicaActor",
-           "WorkloadActor", "core_agent", "localize", "window_series"]
+__all__ = ["CounterReading", "NodeCoreAgent", "ReplicaActor", "WorkloadActor", "core_agent", "localize",
+           "span_bounds", "window_counters", "window_series"]

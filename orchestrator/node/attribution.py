@@ -11,7 +11,7 @@ replica is a process tree whose processes vLLM names (``setproctitle``, prefix `
   engine core runs the model;
 - ``other``: the lifeline's watchdog, multiprocessing's resource tracker, a DP coordinator.
 
-Per role over the window, from two readings (start and stop), nothing in between:
+Per role over the requests' span (first send to last completion), from two readings of the tree:
 
     cpu_s         = Δ(user + system) of the role's processes, threads included (psutil, /proc/<pid>/stat)
     ctx_vol/invol = Δ voluntary / involuntary context switches, summed over threads (/proc/<pid>/task/*/status)
@@ -23,8 +23,14 @@ the parent minus what the child had used at the start. Threads that end inside t
 switches and run-queue wait with them (their CPU stays in the process's figures). Raw readings are
 kept (:class:`RoleWindow`), with each thread's on-CPU time (schedstat, field 1) for the stack sampler
 (:mod:`orchestrator.node.stacks`) to share out; per-request figures need the caller's request count.
-Cost: two readings of every thread of the tree (about 30 ms on 2 cores for the ~70 threads of a
-vLLM-CPU replica), made by the caller on the client's cores.
+
+Which two readings: the window's sampler (:class:`~orchestrator.node.telemetry.TelemetrySampler`)
+reads the tree (:meth:`RoleAccounting.read`) at its start, every period and at its stop; the figures
+come from the first and the last reading inside the span (:func:`span_window`), scaled to the span's
+length, so neither the client's connection set-up before the first send nor the tail before the
+window's end enters them. Cost: one reading of every thread of the tree per period (two readings took
+25-44 ms on 2 cores for the ~70 threads of a vLLM-CPU replica, benchmarks/results/attribution.md),
+made by the sampler's thread on the client's cores.
 """
 
 from __future__ import annotations
@@ -219,6 +225,18 @@ class RoleWindow:
         out["replica_exited_cpu_s"] = self.exited_cpu_s
         return out
 
+    def scaled(self, k: float, wall_s: float) -> "RoleWindow":
+        """This window's amounts (CPU, switches, run-queue wait, the exited processes' CPU) times ``k``,
+        over ``wall_s`` seconds; the counts (processes, threads, exited) as they are."""
+        def usage(u: RoleUsage) -> RoleUsage:
+            return RoleUsage(u.user_s * k, u.sys_s * k, round(u.ctx_vol * k), round(u.ctx_invol * k),
+                             round(u.runq_wait_ns * k), u.processes, u.threads)
+
+        return RoleWindow({r: usage(u) for r, u in self.roles.items()}, self.pid_roles, self.runq_available,
+                          self.exited, self.exited_cpu_s * k, wall_s,
+                          {p: v * k for p, v in self.process_cpu_s.items()},
+                          {t: v * k for t, v in self.thread_cpu_s.items()})
+
     def params(self) -> dict[str, str]:
         """What could not be measured, as text: ``runq_wait_status``."""
         return {"runq_wait_status": "ok" if self.runq_available else
@@ -259,6 +277,13 @@ def role_window(before: Snapshot, after: Snapshot, root: int) -> RoleWindow:
                       proc_cpu, thread_cpu)
 
 
+def span_window(before: Snapshot, after: Snapshot, root: int, covered_s: float, span_s: float) -> RoleWindow:
+    """The per-role figures over a span of ``span_s`` seconds from two readings ``covered_s`` apart taken
+    inside it (pure; :func:`~orchestrator.node.telemetry.span_readings` picks them): their deltas
+    (:func:`role_window`) scaled by ``span_s / covered_s``, the rates inside the span over the whole span."""
+    return role_window(before, after, root).scaled(span_s / covered_s if covered_s > 0 else 0.0, span_s)
+
+
 def _exited(before: Snapshot, after: Snapshot, roles_of: Mapping[int, str],
             usage: dict[str, RoleUsage]) -> tuple[int, float]:
     """Credit what processes that ended in the window used, through their parents' reaped-children times."""
@@ -285,22 +310,27 @@ def _exited(before: Snapshot, after: Snapshot, roles_of: Mapping[int, str],
 
 @dataclass
 class RoleAccounting:
-    """Start at the window's start, ``stop()`` at its end; the process list and reader are injectable."""
+    """``read()`` a snapshot of the tree (the window's sampler, every period: :func:`span_window` makes
+    the figures), or ``start()`` and ``stop()`` for the two ends of a run; process list and reader injectable."""
 
     root: int
     pids: Callable[[], list[int]]
     reader: Callable[[int], ProcReading | None] = read_process
     _before: Snapshot | None = None
 
+    def read(self) -> Snapshot:
+        """Every process of the tree now."""
+        return snapshot(self.pids(), self.reader)
+
     def start(self) -> "RoleAccounting":
-        self._before = snapshot(self.pids(), self.reader)
+        self._before = self.read()
         return self
 
     def stop(self) -> RoleWindow:
         """The window's per-role facts (an empty window if ``start()`` was never called)."""
-        after = snapshot(self.pids(), self.reader)
+        after = self.read()
         return role_window(self._before or Snapshot(after.wall, {}), after, self.root)
 
 
 __all__ = ["ProcDesc", "ProcReading", "ROLES", "RoleAccounting", "RoleUsage", "RoleWindow", "Snapshot",
-           "ThreadReading", "classify", "read_process", "read_thread", "role_window", "snapshot"]
+           "ThreadReading", "classify", "read_process", "read_thread", "role_window", "snapshot", "span_window"]

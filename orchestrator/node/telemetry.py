@@ -14,6 +14,11 @@ Two kinds of facts, kept apart:
   memory (NVML, absent on CPU machines), and the gauges of ``/metrics`` (running,
   waiting, KV usage) at a lower rate. :func:`summarize_series` reduces the rows
   to ``<name>_mean`` / ``<name>_max``.
+* **Counter readings.** The same sampler reads cumulative counters (the replica's CPU accounting
+  and per-role counters, given as ``counters``) at ``counters_hz``, once at ``start()`` and once at
+  ``stop()``, and keeps them with their time (``counter_readings``). A figure over the requests'
+  span comes from the two readings :func:`span_readings` picks inside it, scaled to the span's
+  length, so what ran before the first send and after the last completion never enters it.
 
 The sampler lives in the workload process (on the client's cores), never in the
 replica's cgroup, so it does not steal the cores under test.
@@ -63,6 +68,9 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
 QUANTILES: tuple[float, ...] = (0.5, 0.9)
+# Readings per second of the cumulative counters (``TelemetrySampler(counters=...)``): a figure over the
+# requests' span extrapolates at most one period at each of its ends (see :func:`span_readings`).
+COUNTERS_HZ = 2.0
 
 
 @dataclass(frozen=True)
@@ -180,8 +188,11 @@ def _counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, names: Itera
     return None
 
 
-def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+def delta(before: MetricsSnapshot, after: MetricsSnapshot, seconds: float | None = None) -> dict[str, float]:
     """Server metrics over the window between two snapshots, as ``server_*`` floats.
+
+    ``seconds``: what the per-second rates divide by, the requests' span when the caller knows it
+    (every token of the window is counted inside it); default: the time between the two scrapes.
 
     For each histogram stem (ttft, queue, prefill, decode, itl, e2e):
       ``server_<stem>_s_mean`` = Δsum / Δcount, ``server_<stem>_count`` = Δcount,
@@ -189,14 +200,14 @@ def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
       These are only as fine as vLLM's buckets (request-phase buckets start at 0.3 s, so a
       1 ms queue time reads p50 0.15 s); exact percentiles come from the client's records.
     Counters: ``server_<stem>`` = Δ value; ``server_prefix_hit_rate`` = Δhits / Δqueries;
-    ``server_<prompt|generation>_tokens_per_s`` = Δtokens / window seconds.
+    ``server_<prompt|generation>_tokens_per_s`` = Δtokens / ``seconds``.
     Derived: ``server_frontend_s_mean`` = ttft_mean − (queue_mean + prefill_mean), the
     frontend (tokenization, detokenization) and IPC share of TTFT — a CPU-attribution metric.
     Metrics absent from this vLLM version, or with no observations, are left out. Gauges
     (running, waiting, KV usage) have no meaningful delta: :class:`TelemetrySampler` samples them.
     """
     out: dict[str, float] = {}
-    window = after.taken_at - before.taken_at
+    window = after.taken_at - before.taken_at if seconds is None else seconds
     for stem, names in HISTOGRAMS.items():
         name = next((n for n in names if f"{n}_count" in after.values), None)
         if name is None:
@@ -312,6 +323,11 @@ class TelemetrySampler:
     CPU and GPU are sampled at ``hz`` (0 = not at all); ``/metrics`` at ``metrics_hz`` in its own thread so a
     slow scrape of a starved server never delays the CPU samples. Collaborators (clock, CPU
     reader, scraper, GPU reader) are injectable for tests.
+
+    ``counters`` (a callable returning one reading of cumulative counters, any object) is read at
+    ``start()``, every ``1 / counters_hz`` seconds in a thread of its own (``counters_hz`` 0: only at
+    start and stop) and at ``stop()``; ``counter_readings`` are ``(t, reading)`` with ``t`` on the rows'
+    scale, the middle of the read (a read of the replica's whole tree takes tens of milliseconds).
     """
 
     def __init__(
@@ -327,9 +343,11 @@ class TelemetrySampler:
         clock: Callable[[], float] = time.monotonic,
         cpu_percent: Callable[[], list[float]] | None = None,
         scraper: Callable[[str], MetricsSnapshot] = scrape,
+        counters: Callable[[], Any] | None = None,
+        counters_hz: float = COUNTERS_HZ,
     ) -> None:
-        if hz < 0 or metrics_hz <= 0:
-            raise ValueError("sampling rates must be >= 0 (host; 0 = off) and > 0 (metrics; no URL = off)")
+        if hz < 0 or metrics_hz <= 0 or counters_hz < 0:
+            raise ValueError("sampling rates must be >= 0 (host, counters; 0 = off) and > 0 (metrics; no URL = off)")
         self.replica_cpus = tuple(sorted(set(replica_cpus)))
         self.client_cpus = tuple(sorted(set(client_cpus)))
         self.metrics_url = metrics_url
@@ -341,6 +359,10 @@ class TelemetrySampler:
         self._clock = clock
         self._cpu_percent = cpu_percent if cpu_percent is not None else PerCpuUtil()
         self._scraper = scraper
+        self._counters = counters
+        self.counters_period = 1.0 / counters_hz if counters_hz > 0 else 0.0
+        self._readings: list[tuple[float, Any]] = []
+        self._counter_lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -363,6 +385,12 @@ class TelemetrySampler:
         self._started = True
         self._stop.clear()
         self._threads = []
+        if self._counters is not None:  # the first reading before any thread runs: readings cover start to stop
+            self.sample_counters_now()
+            if self.counters_period > 0:
+                self._threads.append(threading.Thread(target=self._loop, args=(self._sample_counters,
+                                                                               self.counters_period),
+                                                      name="telemetry-counters", daemon=True))
         if self.period > 0:
             self._threads.append(threading.Thread(target=self._loop, args=(self._sample_host, self.period),
                                                   name="telemetry-host", daemon=True))
@@ -385,9 +413,12 @@ class TelemetrySampler:
         return max(0.0, end - self._t0)
 
     def stop(self) -> list[dict[str, Any]]:
-        """Stop sampling (idempotent) and return every row so far, ordered by time."""
+        """Stop sampling (idempotent) and return every row so far, ordered by time; the first call
+        takes the last counter reading."""
         if self._t_stop is None and self._started:
             self._t_stop = self._clock()
+            if self._counters is not None:
+                self.sample_counters_now()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
@@ -408,11 +439,29 @@ class TelemetrySampler:
         with self._lock:
             return list(self._rows)
 
+    @property
+    def counter_readings(self) -> list[tuple[float, Any]]:
+        """``(t, reading)`` of every counter reading so far, ordered by ``t`` (seconds since ``start()``)."""
+        with self._counter_lock:
+            return sorted(self._readings, key=lambda r: r[0])
+
     # -- sampling ------------------------------------------------------------------------
     def sample_now(self) -> None:
         """Take one CPU/GPU sample now: what the sampling thread does every period (a test with a fake
         clock and ``hz=0`` drives it by hand)."""
         self._sample_host(self._clock() - self._t0)
+
+    def sample_counters_now(self) -> None:
+        """Take one counter reading now (as the counters' thread does every period)."""
+        self._sample_counters(self._clock() - self._t0)
+
+    def _sample_counters(self, t: float) -> None:
+        assert self._counters is not None
+        with self._counter_lock:  # the thread and stop() never read at once
+            a = self._clock()
+            reading = self._counters()
+            b = self._clock()
+            self._readings.append(((a + b) / 2 - self._t0, reading))
 
     def _loop(self, sample: Callable[[float], None], period: float) -> None:
         next_at = self._clock() + period  # first sample one period in: CPU busy needs an interval
@@ -476,6 +525,26 @@ def rows_in_span(rows: Iterable[Mapping[str, Any]], t0: float, t1: float) -> lis
     return sorted(out, key=lambda r: float(r["t"]))
 
 
+def span_readings(times: Sequence[float], t0: float, t1: float) -> tuple[int, int] | None:
+    """Which two counter readings a figure over the span ``[t0, t1]`` comes from (pure): indices into
+    ``times`` (sorted), or None with no two readings apart.
 
-__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
-           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape"]
+    The first and the last reading inside the span when they are apart: nothing from before or after
+    the span enters the figure, and the caller scales the difference by ``(t1 - t0) / (t_b - t_a)``
+    to the span's length (the rate inside the span times the span; the parts extrapolated, before
+    the first reading and after the last, are each under one reading period). With fewer than two
+    readings inside (a span shorter than the period), the last reading at or before ``t0`` and the
+    first at or after ``t1``, which hold the span and at most a period either side of it."""
+    inside = [i for i, t in enumerate(times) if t0 <= t <= t1]
+    if len(inside) >= 2 and times[inside[-1]] > times[inside[0]]:
+        return inside[0], inside[-1]
+    before = [i for i, t in enumerate(times) if t <= t0]
+    after = [i for i, t in enumerate(times) if t >= t1]
+    a = before[-1] if before else 0
+    b = after[0] if after else len(times) - 1
+    return (a, b) if 0 <= a < b < len(times) and times[b] > times[a] else None
+
+
+__all__ = ["COUNTERS", "COUNTERS_HZ", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
+           "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape",
+           "span_readings"]

@@ -72,12 +72,18 @@ class ServerStatus:
 class WindowFigures:
     """What the replica actor measured over one window (``end_window``).
 
-    ``rows`` are every telemetry sample of the sampler's life (``t`` in seconds since it started);
-    ``span_rows`` only those inside the requests' span, which the window's means are taken over, so
-    the workload's set-up and its post-processing never dilute them. ``span`` records the span's
-    bounds beside the figures: ``window_span_s`` (first send to last completion), ``window_drain_s``
-    (of that, after the window's nominal end), ``accounting_s`` (what the CPU accounting and roles
-    covered: the span plus the calls around it) and ``telemetry_outside_span_s``.
+    Every figure is over the requests' span (first send to last completion), never over the calls
+    around it. ``rows`` are every telemetry sample of the sampler's life (``t`` in seconds since it
+    started); ``span_rows`` only those inside the span, which the window's means are taken over, so
+    the workload's set-up and its post-processing never dilute them. ``accounting`` (the replica's
+    cores: busy, tree and foreign CPU, ``replica_cores_foreign_frac``) and the role figures in
+    ``attribution`` (``cpu_s_<role>``, ``runq_wait_s_<role>``...) come from the counter readings inside
+    the span, scaled to its length; the foreign share divides by the span's seconds, and so do the
+    server's token rates in ``server``. ``span`` records the span's bounds beside the figures:
+    ``window_span_s`` (first send to last completion), ``window_drain_s`` (of that, after the window's
+    nominal end), ``accounting_s`` (the seconds between the two counter readings the accounting and
+    roles come from: at most the span, a little more only for a span shorter than the reading period)
+    and ``telemetry_outside_span_s``.
     """
 
     server: dict[str, float]

@@ -2,7 +2,7 @@
 
 What it pins down: the window's figures are taken over the requests' span only (the workload's
 set-up before it and its tokenize-after behind it, idle time for the GPU, no longer dilute the
-means), the order of the harness and its references per repeat, and a server found dead at any
+means; nor do the client's connection set-up and tail inside the load call, which the sampler sees), the order of the harness and its references per repeat, and a server found dead at any
 step of the sequence is SERVER_DIED.
 """
 
@@ -81,6 +81,7 @@ class FakeReplica:
         self.clock, self.gpu, self.calls = clock, gpu, calls
         self.alive = True
         self.sampler: TelemetrySampler | None = None
+        self.figures: WindowFigures | None = None
 
     def _serving(self) -> None:
         if not self.alive:
@@ -120,14 +121,19 @@ class FakeReplica:
         rows = self.sampler.stop()
         span_rows, facts = window_series(rows, self.sampler.started_at, self.sampler.sampled_s, span)
         self._serving()  # the after-scrape
-        return WindowFigures(server={}, rows=rows, span_rows=span_rows, alive=True, block_size=32, span=facts)
+        self.figures = WindowFigures(server={}, rows=rows, span_rows=span_rows, alive=True, block_size=32, span=facts)
+        return self.figures
 
 
 class FakeWorkload:
-    """Set-up 5 s and tokenize-after 5 s with the GPU idle; the requests 10 s with it busy."""
+    """Set-up 5 s and tokenize-after 5 s with the GPU idle; the requests 10 s with it busy. ``connect_s``
+    and ``tail_s``: idle time inside the load call before the first send and after the last completion
+    (the client's connections opening and closing), which the sampler sees but the span leaves out."""
 
-    def __init__(self, clock: FakeClock, gpu: FakeGpu, calls: list[str]) -> None:
+    def __init__(self, clock: FakeClock, gpu: FakeGpu, calls: list[str], connect_s: float = 0.0,
+                 tail_s: float = 0.0) -> None:
         self.clock, self.gpu, self.calls = clock, gpu, calls
+        self.connect_s, self.tail_s = connect_s, tail_s
         self.run: WorkloadRun | None = None
 
     def pin(self, cpus: list[int]) -> Verification:
@@ -143,11 +149,13 @@ class FakeWorkload:
 
     def load(self, base_url: str, model: str) -> WorkloadRun:
         self.calls.append("load")
+        self.clock.advance(self.connect_s)
         start = int(self.clock.now() * NS)
         self.gpu.busy = True
         self.clock.advance(10.0)
         self.gpu.busy = False
         end = int(self.clock.now() * NS)
+        self.clock.advance(self.tail_s)
         records = tuple(RequestRecord(
             request_id=f"s{i}:0", session_id=f"s{i}", turn=0, scheduled_ns=start, sent_ns=start,
             first_token_ns=start + NS // 2, token_ns=(start + NS // 2,), end_ns=end, prompt_tokens=100,
@@ -179,11 +187,12 @@ def _trial(repeat: int = 0, crosscheck: bool = False):
     return expand(spec).trials[repeat]
 
 
-def _sequence(tmp_path: Path, *, repeat: int = 0, crosscheck: bool = False, on_step: Any = None):
+def _sequence(tmp_path: Path, *, repeat: int = 0, crosscheck: bool = False, on_step: Any = None,
+              connect_s: float = 0.0, tail_s: float = 0.0):
     clock, gpu, calls = FakeClock(), FakeGpu(), []
     replica = FakeReplica(clock, gpu, calls)
     window = Window(trial=_trial(repeat, crosscheck), tdir=tmp_path, replica=Remote(replica),
-                    workload=Remote(FakeWorkload(clock, gpu, calls)),
+                    workload=Remote(FakeWorkload(clock, gpu, calls, connect_s, tail_s)),
                     up=ReplicaUp(base_url="http://127.0.0.1:1", tokenizer_path="tok", params={}),
                     alloc=CoreGrant(replica=[0], client=[1], client_isolated=True, host={}), gpu_ids=[0],
                     trace=None, warmup=True)
@@ -204,6 +213,26 @@ def test_window_means_cover_the_requests_span_not_setup_or_tokenize_after(tmp_pa
     # the sampler never saw the 5 s of set-up nor the 5 s of tokenize-after: 10 s at 10 Hz, all busy
     gpu_rows = [r for r in result.telemetry if r["name"] == "gpu0_util"]
     assert len(gpu_rows) == 100 and summarize_series(result.telemetry)["gpu0_util_mean"] == pytest.approx(95.0)
+
+
+def test_trial_metrics_are_the_span_rows_means_not_every_rows(tmp_path: Path) -> None:
+    # The client opens its connections for 3 s before the first send and closes them for 2 s after the
+    # last completion, inside the load call: the sampler records that idle time, the span leaves it out.
+    seq, replica, _ = _sequence(tmp_path, connect_s=3.0, tail_s=2.0)
+    result = seq.run({"window_on_start": 1}, [], 0.0)
+    assert result.status is TrialStatus.COMPLETED, result.message
+    figures = replica.figures
+    assert figures is not None
+    every, in_span = summarize_series(figures.rows), summarize_series(figures.span_rows)
+    # the rows outside the span carry other values: a mean over every row is not the span's
+    assert every["gpu0_util_mean"] == pytest.approx(95.0 * 10 / 15, abs=1)
+    assert every["replica_cpu_util_mean"] == pytest.approx((100.0 * 10 + 2.0 * 5) / 15, abs=1)
+    assert in_span["gpu0_util_mean"] == pytest.approx(95.0) and in_span["replica_cpu_util_mean"] == pytest.approx(100.0)
+    m = result.metrics
+    for name in ("gpu0_util_mean", "replica_cpu_util_mean", "client_cpu_util_mean"):
+        assert m[name] == pytest.approx(in_span[name]), name
+    assert m["window_span_s"] == pytest.approx(10.0, abs=0.01) and m["telemetry_outside_span_s"] == pytest.approx(5.0)
+    assert len(result.telemetry) == len(figures.rows)  # every row is still kept, for the telemetry artifact
 
 
 def test_means_over_every_sampled_row_would_be_diluted_by_idle_setup(tmp_path: Path) -> None:
