@@ -21,12 +21,19 @@ queued to one writer thread (``sweep-writer``), and the lane goes on at once to 
 the next trial's replica starts while the last one's results are written. One thread, fed in
 FIFO order, so observers never run concurrently and each trial's start comes before its result.
 The progress callback gets a snapshot of the :class:`Trial` as it was when the event was queued.
-``on_sweep_start`` is called before the writer starts; ``on_sweep_end`` is queued last, so it
-runs once every queued result is written, and ``run()`` returns (or raises) only after the
-writer has ended. An observer that raises is logged by the :class:`CallbackList` and the writer
-goes on. Retry decisions are the lane's, from the :class:`TrialResult` alone; they never wait for
-the writer. ``write_s`` (seconds per ``on_trial_result``) and ``write_wait_s`` (how long
-``on_sweep_end`` waited for the queue to drain) say what the writing cost.
+``on_sweep_start`` is called before the writer starts. ``on_sweep_end`` is queued last: by the
+last of the threads that can still queue a result (``run()``'s own and each lane's) to finish, so
+it runs after every result is written and gets every result, however the lanes and an interrupt
+interleave; then the writer ends. ``run()`` returns (or raises) only after the writer has ended,
+unless it gave up waiting for a lane (below). Lanes are counted as they finish their last trial,
+not by ``Thread.is_alive()``/``join()``: on CPython 3.11 a KeyboardInterrupt that lands in
+``Thread.join(timeout)`` marks a thread that still runs as stopped, and an interrupted sweep then
+ended for the observers while a lane was still returning its trial (``on_sweep_end`` got 1 result
+of 2, and the late result was written after it). An observer that raises is logged by the
+:class:`CallbackList` and the writer goes on. Retry decisions are the lane's, from the
+:class:`TrialResult` alone; they never wait for the writer. ``write_s`` (seconds per
+``on_trial_result``) and ``write_wait_s`` (how long ``on_sweep_end`` waited for the queue to
+drain) say what the writing cost, by ``clock`` (``time.monotonic``; a test injects its own).
 
 **Phases.** What a running trial is doing (:data:`Phase`: placing, starting, warm-up, window, ...)
 is told to ``on_phase(trial_id, phase)``, for a live display: the executor tells it from its lanes
@@ -34,12 +41,15 @@ is told to ``on_phase(trial_id, phase)``, for a live display: the executor tells
 a display that raises is logged and never fails a trial.
 
 An interrupt (Ctrl-C, or SIGTERM turned into one by the cli) still ends the sweep for the
-observers: the lanes are told to stop (``executor.cancel()`` ends what is in flight), the
-writer writes what is queued (nothing measured is lost), then ``on_sweep_end`` gets the results
-so far, then the interrupt goes on unwinding. A second interrupt while the writer drains leaves
-``run()`` at once; the writer (not a daemon) still finishes its queue, ``on_sweep_end`` included,
-before the process exits. A tracker tells an interrupted sweep from a complete one by the
-trials that have no result.
+observers: the lanes are told to stop (``executor.cancel()`` ends what is in flight) and
+``run()`` waits up to ``lane_grace_s`` for them to return their trials; the writer writes what is
+queued (nothing measured is lost), then ``on_sweep_end`` gets the results, then the interrupt
+goes on unwinding. A lane still running after the grace (or when a second interrupt leaves that
+wait) no longer holds ``run()`` up: its result is still queued to the writer, which stays open for
+it, and ``on_sweep_end`` follows it and counts it; the writer (not a daemon) keeps the process
+alive until then. A second interrupt while the writer drains leaves ``run()`` at once; the writer
+still finishes its queue, ``on_sweep_end`` included, before the process exits. A tracker tells an
+interrupted sweep from a complete one by the trials that have no result.
 """
 
 from __future__ import annotations
@@ -96,8 +106,10 @@ class _Writer:
     """One thread that makes the calls submitted to it, one at a time, in the order submitted.
 
     ``close()`` lets it end once it has made every call submitted before; a call submitted after
-    that (a lane still running when an interrupted sweep gave up waiting for it) is made in the
-    caller's thread once the writer has ended, so it is neither lost nor concurrent with another.
+    that (a safety net: the controller closes the writer only once no lane can queue a result) is
+    made in the caller's thread once the writer has ended, so it is neither lost nor concurrent
+    with another. Its end is an event of its own, not ``Thread.join()``, which a KeyboardInterrupt
+    can leave believing a running thread stopped (CPython 3.11; see the module docstring).
     """
 
     def __init__(self, name: str = WRITER_THREAD) -> None:
@@ -105,7 +117,9 @@ class _Writer:
         self._lock = threading.Lock()  # submit against close: nothing is queued behind the end
         self._late = threading.Lock()  # calls after close, one at a time
         self._closed = False
-        # Not a daemon: if run() is left before the join (a second Ctrl-C), what is queued is still written.
+        self._ended = threading.Event()  # set once the last call is made
+        # Not a daemon: if run() is left before the writer ends (a second Ctrl-C, a lane past the grace),
+        # what is queued, and what such a lane still queues, is written before the process exits.
         self._thread = threading.Thread(target=self._main, name=name, daemon=False)
         self._thread.start()
 
@@ -116,7 +130,7 @@ class _Writer:
                 return
         log.warning("%s: a call came after the sweep's writer closed; making it in thread %s",
                     getattr(fn, "__name__", fn), threading.current_thread().name)
-        self._thread.join()
+        self.join()
         with self._late:
             self._call(fn, args)
 
@@ -130,14 +144,22 @@ class _Writer:
         return self._queue.qsize()
 
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """True until the writer has made its last call."""
+        return not self._ended.is_set()
 
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` for the writer to make its last call; True once it has (and its thread is gone)."""
+        if not self._ended.wait(timeout):
+            return False
+        self._thread.join()  # it has ended its work: only the thread's exit is left
+        return True
 
     def _main(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._call(*item)
+        try:
+            while (item := self._queue.get()) is not None:
+                self._call(*item)
+        finally:
+            self._ended.set()
 
     @staticmethod
     def _call(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
@@ -152,6 +174,57 @@ class _Writer:
             log.exception("sweep writer: %s raised; going on", getattr(fn, "__name__", fn))
 
 
+MAIN = "run"  # the producer name of the thread in SweepController.run()
+
+
+class _Producers:
+    """The threads that can still queue a trial's result: the one in ``run()`` and each lane it started.
+
+    Each says :meth:`done` once it queues nothing more (a lane: after its last result is queued and
+    appended); the last one calls ``on_last`` (queue the sweep's end, close the writer). Counted
+    here, under one lock, and never read from ``Thread.is_alive()``/``join()`` (see the module docstring).
+    """
+
+    def __init__(self, on_last: Callable[[], None]) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._running = {MAIN}
+        self._on_last = on_last
+
+    def add(self, name: str) -> None:
+        with self._cond:
+            self._running.add(name)
+
+    def done(self, name: str) -> bool:
+        """``name`` queues nothing more. True if it was the last, and ``on_last`` was called (by this thread)."""
+        with self._cond:
+            if name not in self._running:
+                return False
+            self._running.discard(name)
+            self._cond.notify_all()
+            last = not self._running
+        if last:
+            self._on_last()
+        return last
+
+    def lanes(self) -> list[str]:
+        with self._cond:
+            return sorted(self._running - {MAIN})
+
+    def wait_lanes(self, timeout: float | None = None) -> bool:
+        """Wait until no lane is running; False if ``timeout`` (seconds) ran out first.
+
+        Short waits, so an interrupt (SIGINT to the main thread) lands here; an interrupted
+        ``Condition.wait`` leaves nothing marked that is not so."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._running - {MAIN}:
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+
 class SweepController:
     """Drive every trial of ``plan`` to a final state; never raises for a failed trial."""
 
@@ -159,7 +232,8 @@ class SweepController:
                  finished: Callable[[], set[str]] = set, max_failures: int | None = None,
                  max_concurrent: int | None = None,
                  on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None,
-                 on_phase: PhaseHook | None = None) -> None:
+                 on_phase: PhaseHook | None = None, lane_grace_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.plan = plan
         self.executor = executor
         self.observers = CallbackList(observers)
@@ -168,11 +242,15 @@ class SweepController:
         self.max_concurrent = plan.spec.max_concurrent_trials if max_concurrent is None else max_concurrent
         self.on_progress = on_progress or (lambda *_: None)
         self.on_phase = on_phase  # told "writing" when the writer takes a trial's result
+        self.lane_grace_s = lane_grace_s  # after an interrupt: how long run() waits for the lanes to return
+        self.clock = clock  # for write_s and write_wait_s
         self.trials = {t.trial_id: Trial(t.trial_id) for t in plan.trials}
         self.lanes_used = 0
         self.write_s: list[float] = []  # seconds per on_trial_result call (all observers), in the writer
         self.write_wait_s = 0.0  # seconds on_sweep_end waited for the queued writes to drain
         self._writer: _Writer | None = None
+        self._producers = _Producers(lambda: None)
+        self._end_results: list[TrialResult] | None = None  # set when the sweep's end is due
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ the sweep
@@ -180,6 +258,8 @@ class SweepController:
         self.observers.on_sweep_start(self.plan)
         results: list[TrialResult] = []
         self.write_s, self.write_wait_s = [], 0.0
+        self._end_results = None
+        self._producers = _Producers(self._close_writer)
         self._writer = _Writer()
         try:
             try:
@@ -209,24 +289,35 @@ class SweepController:
         return results
 
     def _end_sweep(self, results: list[TrialResult]) -> None:
-        """Queue ``on_sweep_end`` behind every write, with the results as they are now."""
-        queued = time.monotonic()
-        final = list(results)
+        """The sweep's end is due: ``on_sweep_end`` is queued behind every write once no thread can queue
+        a result (:meth:`_close_writer`), with ``results`` as they are then."""
+        self._end_results = results
 
-        def sweep_end() -> None:
-            self.write_wait_s = time.monotonic() - queued
-            self.observers.on_sweep_end(self.plan, final)
+    def _close_writer(self) -> None:
+        """Called once, by the last producer to finish: queue the end (if due) behind every write, close the writer."""
+        results = self._end_results
+        if results is not None:
+            queued = self.clock()
 
-        self._submit(sweep_end)
+            def sweep_end() -> None:
+                self.write_wait_s = self.clock() - queued
+                self.observers.on_sweep_end(self.plan, list(results))  # nobody appends any more
+
+            self._submit(sweep_end)
+        assert self._writer is not None
+        self._writer.close()
 
     def _drain(self) -> None:
         writer = self._writer
         if writer is None:
             return
-        writer.close()
+        if not self._producers.done(MAIN):  # a lane outlived the interrupt's grace: it ends the writer
+            log.warning("sweep %s: %s still running; what they return is written, then the sweep's end, "
+                        "before the process exits", self.plan.spec.name, ", ".join(self._producers.lanes()) or "a lane")
+            return
         try:
-            while writer.alive():
-                writer.join(timeout=0.5)  # short waits, so Ctrl-C (SIGINT to the main thread) lands here
+            while not writer.join(timeout=0.5):  # short waits, so Ctrl-C (SIGINT to the main thread) lands here
+                pass
         except KeyboardInterrupt:
             log.warning("sweep %s: interrupted while writing results; about %d call(s) still queued are "
                         "written in the background before the process exits", self.plan.spec.name,
@@ -249,38 +340,44 @@ class SweepController:
         take = threading.Lock()
 
         def lane_main() -> None:
-            lane = self.executor.lane()
             try:
-                while not self._stop.is_set():
-                    with take:
-                        if not queue:
-                            return
-                        chain = queue.popleft()
-                    for spec in chain:
-                        if self._stop.is_set():
-                            return
-                        result = self._run_one(self.trials[spec.trial_id], spec, lane)
+                lane = self.executor.lane()
+                try:
+                    while not self._stop.is_set():
                         with take:
-                            results.append(result)
-            finally:
-                close = getattr(lane, "close", None)
-                if close is not None:
-                    close()
+                            if not queue:
+                                return
+                            chain = queue.popleft()
+                        for spec in chain:
+                            if self._stop.is_set():
+                                return
+                            result = self._run_one(self.trials[spec.trial_id], spec, lane)
+                            with take:
+                                results.append(result)
+                finally:
+                    close = getattr(lane, "close", None)
+                    if close is not None:
+                        close()
+            finally:  # every result of this lane is queued and appended (or it died): it is done
+                self._producers.done(threading.current_thread().name)
 
         threads = [threading.Thread(target=lane_main, name=f"lane-{i}", daemon=True) for i in range(lanes)]
-        for t in threads:
-            t.start()
         try:
             for t in threads:
-                while t.is_alive():
-                    t.join(timeout=0.5)  # short waits, so Ctrl-C (SIGINT to the main thread) lands here
-        except KeyboardInterrupt:
+                self._producers.add(t.name)  # before it starts, so no lane runs uncounted
+                t.start()
+            self._producers.wait_lanes()
+        except BaseException:  # an interrupt (or a lane that could not start): stop the lanes, let them return
             self._stop.set()
+            for t in threads:
+                if t.ident is None:  # never started (the interrupt came while the lanes were starting)
+                    self._producers.done(t.name)
             cancel = getattr(self.executor, "cancel", None)
             if cancel is not None:
                 cancel()
-            for t in threads:
-                t.join(timeout=30)
+            if not self._producers.wait_lanes(self.lane_grace_s):
+                log.warning("sweep %s: %s still running %.0f s after the stop; going on without waiting for them",
+                            self.plan.spec.name, ", ".join(self._producers.lanes()), self.lane_grace_s)
             raise
         # A lane that died (a bug) leaves trials without a final state: each gets one, and says why.
         for spec in (s for chain in groups for s in chain):
@@ -331,9 +428,9 @@ class SweepController:
         def trial_result() -> None:
             if snap.done:  # a retry's next attempt is already placing on its lane: not shown as writing
                 notify_phase(self.on_phase, spec.trial_id, "writing")
-            t0 = time.monotonic()
+            t0 = self.clock()
             self.observers.on_trial_result(spec, result)
-            self.write_s.append(time.monotonic() - t0)
+            self.write_s.append(self.clock() - t0)
             self._call_progress(snap, spec, result)
 
         self._submit(trial_result)

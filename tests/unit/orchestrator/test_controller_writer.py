@@ -1,7 +1,10 @@
 """SweepController's writer thread: observers and progress run on one thread fed by a queue, so a lane
 starts its next trial while the last one's results are written (issue 16).
 
-Fakes only (an in-process executor, recording observers); overlap is shown by events, not timings.
+Fakes only (an in-process executor, recording observers); overlap and order are forced by events
+(an observer gated on an executor's event), never by sleeping, and write times come from a step clock.
+``slow_s`` only widens the window in which two calls at once, or a writer left behind, would show;
+no assertion needs it to pass.
 """
 
 from __future__ import annotations
@@ -138,6 +141,23 @@ class Observer:
         self.log.add("sweep_end", self.name, len(results), threading.current_thread().name)
 
 
+class StepClock:
+    """The controller's clock: moves only by ``advance``; ``main_read`` is set once the main thread reads it
+    (run()'s thread reads it only to stamp when it queues the sweep's end)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.main_read = threading.Event()
+
+    def __call__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.main_read.set()
+        return self.now
+
+    def advance(self, s):
+        self.now += s
+
+
 def writer_threads():
     return [t for t in threading.enumerate() if t.name.startswith(WRITER_THREAD)]
 
@@ -156,7 +176,7 @@ def test_next_trial_starts_while_a_slow_observer_writes_the_last_result(executor
         if trial.trial_id == first.trial_id:  # the writer is busy here; the lane must reach its next trial
             seen["second_started"] = ex.event(second).wait(WAIT)
 
-    obs = Observer(log, slow_s=0.5, gate=gate)
+    obs = Observer(log, gate=gate)
     c = SweepController(p, ex, observers=[obs])
     results = c.run()
     assert c.lanes_used == (2 if executor is LaneExecutor else 1)
@@ -194,17 +214,24 @@ def test_retries_are_decided_without_waiting_for_the_writer():
 def test_sweep_end_sees_every_result_after_every_write():
     p = plan(cores=(1, 2, 3, 4))
     log = Log()
-    obs = Observer(log, slow_s=0.1)
-    c = SweepController(p, FakeExecutor(log), observers=[obs])
+    clock = StepClock()
+
+    def gate(trial, result):  # each write takes 0.1 s on the clock; the first waits until the end is queued
+        clock.main_read.wait(WAIT)
+        clock.advance(0.1)
+
+    obs = Observer(log, gate=gate)
+    c = SweepController(p, FakeExecutor(log), observers=[obs], clock=clock)
     results = c.run()
+    assert clock.main_read.is_set()
     assert obs.end_results == results and len(results) == 4
     end = log.index(*log.of("sweep_end")[0])
     assert end == len(log.events) - 1
     assert all(log.index(*e) < end for e in log.of("result_end"))
     assert len(log.of("result_end")) == 4
-    assert len(c.write_s) == 4 and all(s >= 0.09 for s in c.write_s)
-    # the last result was queued just before the end, and takes 0.1 s to write: the end waited for it
-    assert c.write_wait_s >= 0.05
+    assert c.write_s == pytest.approx([0.1] * 4)
+    # the end was queued with all four writes still queued before it: it waited for all of them
+    assert c.write_wait_s == pytest.approx(0.4)
 
 
 def test_sweep_end_after_every_write_with_lanes():
@@ -285,23 +312,45 @@ def test_a_base_exception_from_a_call_does_not_kill_the_writer(caplog):
     assert any("sweep writer" in r.getMessage() for r in caplog.records)
 
 
-def test_a_call_after_close_is_made_once_the_writer_ended():
+def test_a_call_after_close_is_made_once_the_writer_ended(caplog):
     order = []
-    w = _Writer(name=f"{WRITER_THREAD}-test")
-    w.submit(lambda: (time.sleep(0.1), order.append("queued")))
-    w.close()
-    w.submit(order.append, "late")  # waits for the writer to end, then runs here
-    assert order == ["queued", "late"] and not w.alive()
+    late_came = threading.Event()
+
+    class Hook(logging.Handler):  # set when submit() says a call came after close (before it waits)
+        def emit(self, record):
+            if "came after the sweep's writer closed" in record.getMessage():
+                late_came.set()
+
+    caplog.set_level(logging.WARNING, logger="orchestrator.control.controller")
+    logger = logging.getLogger("orchestrator.control.controller")
+    hook = Hook()
+    logger.addHandler(hook)
+    try:
+        w = _Writer(name=f"{WRITER_THREAD}-test")
+        # the queued call is still being made when the late one comes
+        w.submit(lambda: order.append(("queued", late_came.wait(WAIT))))
+        w.close()
+        w.submit(order.append, "late")  # waits for the writer to end, then runs here
+    finally:
+        logger.removeHandler(hook)
+    assert order == [("queued", True), "late"] and not w.alive()
 
 
 # ---------------------------------------------------------------------- (e) interrupt on the single-lane path
 def test_keyboard_interrupt_from_the_executor_writes_what_was_queued_then_ends_then_unwinds():
     p = plan(cores=(1, 2, 3))
     log = Log()
-    obs = Observer(log, slow_s=0.2)  # the results of 1 and 2 are still queued when 3 raises
-    c = SweepController(p, FakeExecutor(log, interrupt_at=3), observers=[obs])
+    ex = FakeExecutor(log, interrupt_at=3)
+    seen = {}
+
+    def gate(trial, result):  # the results of 1 and 2 are still queued when 3 raises
+        seen.setdefault("third_executed", ex.event(p.trials[2]).wait(WAIT))
+
+    obs = Observer(log, gate=gate)
+    c = SweepController(p, ex, observers=[obs])
     with pytest.raises(KeyboardInterrupt):
         c.run()
+    assert seen == {"third_executed": True}
     assert log.index("execute", 3, 1, "MainThread", p.trials[2].trial_id) < log.index(*log.of("result_end")[0])
     assert [e[2] for e in log.of("result_end")] == [1, 2]
     assert [e[2] for e in log.of("trial_start")] == [1, 2, 3]
