@@ -4,10 +4,14 @@ Infrastructure comes from the environment, not from the sweep: ``RAY_ADDRESS``
 to join a cluster (``ray job submit`` sets it), ``MLFLOW_TRACKING_URI`` to use a
 team's tracking server. Without them, ``run`` starts a local Ray and a local
 sqlite-backed MLflow server, and stops both when the sweep ends.
+
+Each command imports what it uses when it runs (the sweep's models, rich, Ray, MLflow, pandas), so
+``--help`` and ``plan`` start fast (tests/unit/orchestrator/test_preflight.py checks what ``plan`` imports).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -15,20 +19,31 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from orchestrator.plan.expand import expand
-from orchestrator.plan.load import SpecError, load_spec
-
-console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+if TYPE_CHECKING:
+    from rich.console import Console
 # Dependencies whose deprecation notices are for their own maintainers, not for a sweep's user (a
 # warning they attribute to our code, with stacklevel, is ours and still shows; so is any of our own).
 NOISY_DEPENDENCIES = (r"(ray|mlflow|pydantic|google|grpc|urllib3|requests|pkg_resources|setuptools|pyarrow"
                       r"|opentelemetry)(\.|$)")
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
+
+
+@functools.cache
+def _console() -> Console:
+    """The commands' console, made on first use (rich is imported then)."""
+    from rich.console import Console
+
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+
+
+def __getattr__(name: str) -> Any:  # ``orchestrator.cli.console``, as before it was made lazily
+    if name == "console":
+        return _console()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _home(home: str | None) -> Path:
@@ -42,6 +57,8 @@ class InputError(click.ClickException):
 
 
 def _load(path: str):
+    from orchestrator.plan.load import SpecError, load_spec
+
     try:
         return load_spec(path)
     except SpecError as exc:
@@ -107,8 +124,8 @@ def _exit_of(code_fn) -> None:
         # The signal that came first, not the exception's: Ray's ray.get re-raises a bare KeyboardInterrupt.
         signum = _signals_seen[0] if _signals_seen else signal.SIGINT
         name = signal.Signals(signum).name
-        console.print(f"interrupted by {name}: services stopped (the sweep's MLflow run is KILLED); "
-                      "run the same command again to resume, finished trials are skipped")
+        _console().print(f"interrupted by {name}: services stopped (the sweep's MLflow run is KILLED); "
+                         "run the same command again to resume, finished trials are skipped")
         sys.exit(128 + signum)
     sys.exit(code)
 
@@ -117,6 +134,9 @@ def _exit_of(code_fn) -> None:
 @click.argument("sweep", type=click.Path(dir_okay=False))
 def plan(sweep: str) -> None:
     """Print the trials of SWEEP without starting anything (after checking the files it reads)."""
+    from rich.table import Table
+
+    from orchestrator.plan.expand import expand
     from orchestrator.plan.preflight import errors, preflight
 
     spec = _load(sweep)
@@ -132,7 +152,7 @@ def plan(sweep: str) -> None:
         table.add_column(c)
     for t in p.trials:
         table.add_row(t.trial_id, *(str(v) for v in t.factors().values()))
-    console.print(table)
+    _console().print(table)
 
 
 @main.command()
@@ -150,7 +170,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
     from orchestrator.sweep import run_sweep
 
     spec = _with_cap(_load(sweep), max_concurrent)
-    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=not fresh_sweep))
+    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=_console(), resume=not fresh_sweep))
 
 
 @main.command()
@@ -163,7 +183,7 @@ def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
     from orchestrator.sweep import run_sweep
 
     spec = _with_cap(_load(sweep), max_concurrent)
-    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=console, resume=True))
+    _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=_console(), resume=True))
 
 
 @main.command()
@@ -176,7 +196,7 @@ def sync(home: str | None) -> None:
     if not uri:
         raise click.ClickException("set MLFLOW_TRACKING_URI to the tracking server to upload to")
     uploaded, remaining = sync_outbox(uri, _home(home) / "outbox")
-    console.print(f"uploaded {uploaded} trial(s); {remaining} left in the outbox")
+    _console().print(f"uploaded {uploaded} trial(s); {remaining} left in the outbox")
     sys.exit(1 if remaining else 0)
 
 
@@ -213,6 +233,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
 
     if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
         raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")
+    console = _console()
     root = _home(home)
     out = Path(out_dir) if out_dir else root / "reports" / sweep_name
     opts = ReportOptions(tolerance=tolerance, slo=Slo(ttft_slo, tpot_slo, "the command line"),
@@ -265,7 +286,7 @@ def ui(home: str | None, port: int) -> None:
         raise click.ClickException(f"no local MLflow store at {h}; run a sweep first")
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     with mlflow_server(h, port=port) as server:
-        console.print(f"MLflow UI: {server.uri}  (Ctrl-C to stop)")
+        _console().print(f"MLflow UI: {server.uri}  (Ctrl-C to stop)")
         try:
             while server.proc and server.proc.poll() is None:
                 time.sleep(1)
@@ -284,7 +305,7 @@ def model_list() -> None:
     from orchestrator.values.shapes import SHAPES
 
     for s in SHAPES.values():
-        console.print(f"{s.name:16} {s.description}")
+        _console().print(f"{s.name:16} {s.description}")
 
 
 @model.command("build")
@@ -298,7 +319,7 @@ def model_build(shape: str, dest: str) -> None:
         path = build_shape(shape, dest)
     except ModelError as exc:
         raise click.ClickException(str(exc)) from None
-    console.print(f"wrote {path} (serve with --load-format dummy)")
+    _console().print(f"wrote {path} (serve with --load-format dummy)")
 
 
 from orchestrator.observe.provisioning.cli import provisioning  # noqa: E402  (click only; pandas loads in the command)

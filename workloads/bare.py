@@ -131,10 +131,13 @@ def prepare(spec: Any, tokenizer: str) -> tuple[Any, list[Any]]:
         tok = load_tokenizer(tokenizer)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception types
         raise BareError(f"cannot load tokenizer {tokenizer}: {exc}") from None
+    # The product's style (workloads.run_workload makes its factory the same way): the cross-check must
+    # send text that costs what the product's text costs to tokenize, never a silent default.
+    style = getattr(spec, "text_style", "uniform")
     try:
-        factory = TextFactory(tok, style=getattr(spec, "text_style", "uniform"))
-    except TypeError:  # TODO: remove once TextFactory takes style (being added in text.py)
-        factory = TextFactory(tok)
+        factory = TextFactory(tok, style=style)
+    except ValueError as exc:  # an unknown style, or a tokenizer the style cannot use
+        raise BareError(f"bad text_style {style!r}: {exc}") from None
     try:
         sessions = load_sessions(spec, factory)
     except (TraceError, ValueError) as exc:

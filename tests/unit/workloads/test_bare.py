@@ -210,3 +210,42 @@ def test_chat_session_ends_at_a_failed_turn(refused_url: str) -> None:
     rows = asyncio.run(main())
     assert sorted(r["request_id"] for r in rows) == ["deepswe-1:0", "lmcache-7:0"]
     assert all(r["status"] == "error" and r["ttft_s"] is None and "Connect" in r["error"] for r in rows), rows
+
+
+# ---------------------------------------------------------------- the text style (workloads.bare.prepare)
+
+@pytest.mark.parametrize("style", ["code", "uniform"])
+def test_the_bare_client_renders_the_specs_text_style(style: str) -> None:
+    """The cross-check replays the product's text: its factory has the spec's style, not a default."""
+    from workloads.bare import prepare
+
+    spec = SPEC.model_copy(update={"text_style": style, "sessions": 1, "turns": 1})
+    factory, sessions = prepare(spec, str(bundled_tokenizer_path("qwen3")))
+    assert factory.style == style and len(sessions) == 1
+
+
+def test_a_bad_text_style_is_a_clear_error_not_a_silent_default() -> None:
+    from workloads.bare import BareError, prepare
+
+    spec = SPEC.model_construct(**{**dict(SPEC), "text_style": "poetry"})  # past the spec's own validation
+    with pytest.raises(BareError, match=r"bad text_style 'poetry': unknown text style 'poetry'; expected one of"):
+        prepare(spec, str(bundled_tokenizer_path("qwen3")))
+
+
+def test_a_factory_that_refuses_the_style_is_never_replaced_by_the_default(monkeypatch) -> None:
+    """The removed fallback built ``TextFactory(tok)`` (the default style) on any TypeError."""
+    import workloads.text as text
+    from workloads.bare import prepare
+
+    made: list[str] = []
+
+    class OldFactory:  # the signature before TextFactory took ``style``
+        def __init__(self, tokenizer, **kwargs) -> None:
+            if kwargs:
+                raise TypeError(f"unexpected keyword argument {next(iter(kwargs))!r}")
+            made.append("default")
+
+    monkeypatch.setattr(text, "TextFactory", OldFactory)
+    with pytest.raises(TypeError, match="style"):
+        prepare(SPEC.model_copy(update={"text_style": "code"}), str(bundled_tokenizer_path("qwen3")))
+    assert made == []
