@@ -14,12 +14,25 @@ Floors, bottom up; each imports only from those below it (``tests/unit/test_laye
 Only the pure parts are imported here; Ray, MLflow and vLLM load when their modules are used.
 """
 
-from orchestrator.control.controller import SweepController
-from orchestrator.values.trial import SweepPlan, TrialSpec
-from orchestrator.plan.expand import expand
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.load import SpecError, load_spec, parse_spec
-from orchestrator.values.sweep_spec import SweepSpec
+from importlib import import_module
+from typing import Any
+
+# Loaded on first use: `orchestrator --help` must not build every pydantic model first.
+_NAMES = {"SweepController": "orchestrator.control.controller", "SweepPlan": "orchestrator.values.trial",
+          "TrialSpec": "orchestrator.values.trial", "expand": "orchestrator.plan.expand",
+          "ErrorKind": "orchestrator.values.results", "TrialResult": "orchestrator.values.results",
+          "TrialStatus": "orchestrator.values.results", "SpecError": "orchestrator.plan.load",
+          "load_spec": "orchestrator.plan.load", "parse_spec": "orchestrator.plan.load",
+          "SweepSpec": "orchestrator.values.sweep_spec"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    value = getattr(import_module(_NAMES[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["ErrorKind", "SpecError", "SweepController", "SweepPlan", "SweepSpec", "TrialResult", "TrialSpec",
            "TrialStatus", "expand", "load_spec", "parse_spec"]

@@ -46,9 +46,10 @@ import sysconfig
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from tokenizers import Tokenizer
+if TYPE_CHECKING:  # only annotations: no tokenizer is loaded here
+    from tokenizers import Tokenizer
 
 KINDS = ("code", "prose", "json")
 SECTION_LINES = 40

@@ -52,9 +52,10 @@ import time
 from array import array
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from tokenizers import Tokenizer
+if TYPE_CHECKING:  # imported where a tokenizer is loaded: `orchestrator plan` never needs it
+    from tokenizers import Tokenizer
 
 from . import corpus
 
@@ -108,6 +109,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path)
     if p.is_dir():
         p = p / "tokenizer.json"
+    from tokenizers import Tokenizer
+
     return Tokenizer.from_file(str(p))
 
 

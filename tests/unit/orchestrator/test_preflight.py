@@ -57,8 +57,6 @@ def invoke(*args: str):
 
 # What the command line must not import before it has read the sweep (each costs 0.1-2 s, pandas most).
 HEAVY = ("pandas", "pyarrow", "numpy", "aiohttp", "ray", "vllm", "torch", "mlflow")
-TOKENIZERS_REASON = ("workloads/text.py imports tokenizers at module level (workloads.loaders -> workloads.text), "
-                     "and `plan`'s preflight imports workloads.loaders: move that import into load_tokenizer")
 
 
 def imports_of(*args: str, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -156,8 +154,7 @@ def test_the_installed_command_fails_fast_too(tmp_path):
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
 
 
-@pytest.mark.parametrize("module", [*HEAVY, pytest.param("tokenizers", marks=pytest.mark.xfail(
-    strict=True, reason=TOKENIZERS_REASON))])
+@pytest.mark.parametrize("module", [*HEAVY, "tokenizers"])
 def test_plan_of_the_smoke_sweep_imports_no_heavy_dependency(plan_imports, module):
     assert module not in plan_imports, f"`orchestrator plan sweeps/smoke.yaml` imports {module}"
 
