@@ -263,7 +263,7 @@ class RayTrialExecutor:
                 agent = core_agent(node_id)
                 held = {owner: cpus for lease in mine for owner, cpus in lease.grants.items()}
                 if held:  # raises what a dead node raises (ActorUnschedulableError): the caller's to map
-                    ray.get(agent.__ray_call__.remote(_hold, held))
+                    ray.get(agent.hold.remote(held))
                 for lease in mine:
                     lease.agent = agent
                 self._agents[node_id] = agent
@@ -479,17 +479,6 @@ class _Lane:
         if self._warm is not None:
             self._warm.close(self._warm_dir)
             self._warm = self._warm_dir = None
-
-
-def _hold(agent: Any, held: dict[str, frozenset[int]]) -> None:
-    """Run inside a replacement core agent (``__ray_call__``): hold ``held`` (allocator owner -> cores), the
-    cores the dead agent had granted to open leases, so that none is handed out again. A core the node no
-    longer has, or that is held already, is skipped: the new agent never fails over the old one's books."""
-    allocator = agent.allocator
-    for owner, cpus in held.items():
-        free = allocator.free
-        if wanted := frozenset(cpus) & free:
-            allocator.allocate(owner, len(wanted), avoid=free - wanted)
 
 
 def _last_line(text: str) -> str:

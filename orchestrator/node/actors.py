@@ -69,6 +69,15 @@ class NodeCoreAgent:
     def release(self, trial_id: str) -> None:
         self.allocator.release(trial_id)
 
+    def hold(self, held: dict[str, frozenset[int]]) -> None:
+        """Hold ``held`` (allocator owner -> cores) at once: a replacement agent takes over the cores its dead
+        predecessor had granted to open leases, so none is handed out again. A core the node no longer has,
+        or one held already, is skipped: the new agent never fails over the old one's books."""
+        for owner, cpus in held.items():
+            free = self.allocator.free
+            if wanted := frozenset(cpus) & free:
+                self.allocator.allocate(owner, len(wanted), avoid=free - wanted)
+
 
 def core_agent(node_id: str) -> Any:
     """A new core agent on ``node_id``; it lives as long as the handle returned, so the caller keeps
