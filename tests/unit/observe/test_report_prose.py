@@ -8,7 +8,7 @@ import math
 import re
 
 import pandas as pd
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.observe.analysis.diagnosis import diagnose
@@ -88,7 +88,54 @@ def _knee(rows: pd.DataFrame, tolerance: float) -> int | None:
     return int(ok[ok["ttft_p50_s"] <= ok["ttft_p50_s"].min() * (1 + tolerance)]["cores"].min())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _frame(*points: dict, **same) -> pd.DataFrame:
+    return pd.DataFrame([{**CONFIG, "status": "COMPLETED", **same, **p} for p in points])
+
+
+def _pt(cores: int, ttft: float, server: float, frontend: float, **more) -> dict:
+    return {"cores": cores, "ttft_p50_s": ttft, "server_ttft_s_mean": server, "server_frontend_s_mean": frontend,
+            **more}
+
+
+_FAILED = {"status": "FAILED", "ttft_p50_s": NAN, "server_ttft_s_mean": NAN, "server_frontend_s_mean": NAN}
+# One configuration per verdict (keyed by a phrase of its sentence), checked on every run: the random ones reach
+# some verdicts (frontend-bound with flat TTFT, GPU-bound) in about 1 of 100 examples, too few to leave to 60.
+VERDICTS = {
+    "more cores do not help; try more API servers": _frame(
+        _pt(1, 0.9, 0.85, 0.8), _pt(4, 0.5, 0.45, 0.42), _pt(8, 0.48, 0.44, 0.40),
+        server_num_requests_running_mean=2.0, client_in_flight_mean=16.0, replica_cpu_util_mean=30.0),
+    "frontend-bound as cores shrink; the fix is cores": _frame(  # not stuck: more running than in flight
+        _pt(1, 0.9, 0.85, 0.8), _pt(4, 0.5, 0.45, 0.42), _pt(8, 0.48, 0.44, 0.40),
+        server_num_requests_running_mean=20.0, client_in_flight_mean=4.0, replica_cpu_util_mean=30.0),
+    "gpu-bound": _frame(_pt(1, 0.30, 0.25, 0.05), _pt(8, 0.29, 0.24, 0.05), gpu0_util_mean=95.0),
+    "server TTFT does not grow": _frame(_pt(1, 0.9, 0.2, 0.1), _pt(8, 0.3, 0.25, 0.1)),
+    "frontend time grew by 321 ms while": _frame(_pt(1, 0.580, 0.745, 0.421), _pt(12, 0.250, 0.500, 0.100)),
+    "while frontend time fell by 50 ms": _frame(_pt(1, 0.900, 0.800, 0.150), _pt(8, 0.300, 0.300, 0.200)),
+    "unknown stage, but the fix is cores": _frame(
+        {"cores": 1, **_FAILED}, _pt(2, 0.30, 0.2, 0.1), _pt(8, 0.29, 0.2, 0.1)),
+    "only 4 cores have a result": _frame(_pt(4, 0.3, 0.2, 0.1), {"cores": 1, **_FAILED}),
+    "has a TTFT to compare": _frame({"cores": 1, **_FAILED}, {"cores": 2, **_FAILED}),
+    "of its requests time out at 1 core": _frame(  # engine-bound, with every attribution clause
+        _pt(1, 0.9, 0.8, 0.1, timeout_rate=0.4, cpu_s_per_req_engine_core=0.02, runq_wait_s_engine_core=12.0,
+            gpu_profile_busy_frac=0.3, gpu_profile_gap_us_p99=400.0, replica_cpu_util_mean=99.0),
+        _pt(8, 0.3, 0.25, 0.05, timeout_rate=0.0, cpu_s_per_req_engine_core=0.005, runq_wait_s_engine_core=0.01,
+            gpu_profile_busy_frac=0.9, gpu_profile_gap_us_p99=20.0, replica_cpu_util_mean=20.0)),
+}
+
+
+def test_each_verdict_example_reaches_its_verdict():
+    for phrase, rows in VERDICTS.items():
+        assert phrase in diagnose(rows, tolerance=0.10).sentence, phrase
+
+
+def _with_verdicts(test):
+    for rows in VERDICTS.values():
+        test = example(rows, 0.10)(test)
+    return test
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@_with_verdicts
 @given(configurations(), st.sampled_from([0.05, 0.10, 0.25]))
 def test_no_sentence_contradicts_itself(rows, tolerance):
     d = diagnose(rows, tolerance=tolerance)

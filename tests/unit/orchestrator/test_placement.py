@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from orchestrator.control.placement import ACCEL_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook
 
-QUICK_S = 0.3  # "at once": well under any refresh interval used below
+# No test here is bounded by how fast the machine is. A waiter is woken by a release or a cancel, or
+# by the refresh: with the refresh an hour (NEVER_S), only the event can have woken it, and HANG_S
+# only catches a hang (a broken wake-up fails there instead of waiting the hour).
+NEVER_S = 3600.0
+HANG_S = 30.0
 
 
 def cpu(cores: int = 2) -> Need:
@@ -20,6 +23,27 @@ def nodes_abc() -> list[Node]:
     return [Node("node-a", 8.0), Node("node-b", 8.0), Node("node-c", 4.0)]
 
 
+class Inventory:
+    """The book's inventory, counting its looks: ``acquire`` looks once per pass of its loop, holding the
+    book's lock until it returns or waits. So once a waiter's look is counted, any call that takes the
+    book's lock (``in_use``, ``release``, ``cancel``) runs after the waiter has returned or is waiting."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = list(nodes)
+        self.looks = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> list[Node]:
+        with self._cond:
+            self.looks += 1
+            self._cond.notify_all()
+            return list(self.nodes)
+
+    def wait_looks(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.looks >= n, timeout=HANG_S), f"{self.looks} looks, not {n}"
+
+
 class Waiter:
     """Runs ``book.acquire`` on a thread; ``done`` is set when it returns or raises."""
 
@@ -27,16 +51,13 @@ class Waiter:
         self.done = threading.Event()
         self.node: str | None = None
         self.error: BaseException | None = None
-        self.took = 0.0
 
         def main() -> None:
-            t0 = time.monotonic()
             try:
                 self.node = book.acquire(owner, need, **kw)
             except BaseException as exc:  # noqa: BLE001 (the test inspects it)
                 self.error = exc
             finally:
-                self.took = time.monotonic() - t0
                 self.done.set()
 
         self.thread = threading.Thread(target=main, daemon=True)
@@ -53,14 +74,15 @@ def test_exclusive_one_trial_per_node():
 
 
 def test_exclusive_second_acquire_blocks_until_release():
-    book = NodeBook(lambda: [Node("node-a", 8.0)], "exclusive", refresh_s=5.0)
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     assert book.acquire("t1", cpu(1)) == "node-a"
     w = Waiter(book, "t2", cpu(1))
-    assert not w.done.wait(0.15), "a second trial got the exclusive node while it was held"
-    t0 = time.monotonic()
+    inv.wait_looks(2)  # the waiter has looked: it now waits, or has (wrongly) taken the node
+    assert book.in_use() == {"node-a": ["t1"]}, "a second trial got the exclusive node while it was held"
     book.release("node-a", "t1")
-    assert w.done.wait(2.0)
-    assert time.monotonic() - t0 < QUICK_S  # woken by the release, not by the 5 s refresh
+    assert w.done.wait(HANG_S), "the release did not wake the waiter (the refresh is an hour away)"
+    assert inv.looks == 3  # one more look, after the release's wake-up
     assert w.error is None and w.node == "node-a"
     assert book.neighbours("node-a", "t2") == []
 
@@ -76,16 +98,18 @@ def test_release_of_unknown_owner_or_node_is_harmless():
 
 # ---------------------------------------------------------------------- packed
 def test_packed_fits_trials_while_cores_last_and_lists_neighbours():
-    book = NodeBook(lambda: [Node("node-a", 8.0)], "packed", refresh_s=5.0)
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "packed", refresh_s=NEVER_S)
     got = [book.acquire(f"t{i}", cpu(3)) for i in range(2)]
     assert got == ["node-a", "node-a"]
     assert book.neighbours("node-a", "t0") == ["t1"]
     assert book.acquire("t2", cpu(2)) == "node-a"  # 3 + 3 + 2 = 8 cores: exactly full
     assert book.neighbours("node-a", "t2") == ["t0", "t1"]
     w = Waiter(book, "t3", cpu(1))
-    assert not w.done.wait(0.15), "packed went past the node's cores"
+    inv.wait_looks(4)
+    assert book.in_use() == {"node-a": ["t0", "t1", "t2"]}, "packed went past the node's cores"
     book.release("node-a", "t1")
-    assert w.done.wait(2.0) and w.node == "node-a"
+    assert w.done.wait(HANG_S) and w.node == "node-a"
     assert book.neighbours("node-a", "t3") == ["t0", "t2"]
 
 
@@ -127,14 +151,15 @@ def test_hardware_targeting():
 
 
 def test_hardware_targeting_exclusive_waits_for_its_kind():
-    inv = [Node("cpu-1", 32.0), Node("h100-1", 32.0, 8.0, frozenset({"H100"}))]
-    book = NodeBook(lambda: inv, "exclusive", refresh_s=5.0)
+    inv = Inventory([Node("cpu-1", 32.0), Node("h100-1", 32.0, 8.0, frozenset({"H100"}))])
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     assert book.acquire("h1", Need(cores=2, gpus=1, hardware="H100")) == "h100-1"
     w = Waiter(book, "h2", Need(cores=2, gpus=1, hardware="H100"))
-    assert not w.done.wait(0.15), "an H100 trial must not take the CPU node"
+    inv.wait_looks(2)
+    assert book.in_use() == {"h100-1": ["h1"]}, "an H100 trial must not take the CPU node"
     assert book.acquire("c1", cpu(2)) == "cpu-1"
     book.release("h100-1", "h1")
-    assert w.done.wait(2.0) and w.node == "h100-1"
+    assert w.done.wait(HANG_S) and w.node == "h100-1"
 
 
 # ---------------------------------------------------------------------- CannotPlace
@@ -145,14 +170,14 @@ def test_hardware_targeting_exclusive_waits_for_its_kind():
     (Need(cores=16, gpus=1, hardware="H100"), "H100 node too small in cores"),
 ])
 def test_cannot_place_at_once_even_while_nodes_are_busy(need, why):
-    inv = [Node("cpu-node-1", 16.0), Node("h100-node-1", 8.0, 2.0, frozenset({"H100"}))]
-    book = NodeBook(lambda: inv, "exclusive", refresh_s=5.0)
+    inv = Inventory([Node("cpu-node-1", 16.0), Node("h100-node-1", 8.0, 2.0, frozenset({"H100"}))])
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     book.acquire("busy1", cpu(1))
-    book.acquire("busy2", cpu(1))  # every node is busy: a wait would last the 5 s refresh
-    t0 = time.monotonic()
+    book.acquire("busy2", cpu(1))  # every node is busy: a wait would last until the timeout
+    looks = inv.looks
     with pytest.raises(CannotPlace) as info:
         book.acquire("t", need, timeout_s=10.0)
-    assert time.monotonic() - t0 < QUICK_S, why
+    assert inv.looks == looks + 1, why  # at once: raised at the first look, before any wait
     msg = str(info.value)
     assert str(need) in msg  # what the trial needs ...
     assert "16 CPU, 0 GPU" in msg and "8 CPU, 2 GPU, H100" in msg  # ... and what the nodes have
@@ -172,13 +197,14 @@ def test_why_never_is_none_when_some_node_fits():
 
 
 def test_cannot_place_is_raised_to_a_waiter_when_the_fitting_node_disappears():
-    inv = [Node("big", 16.0), Node("small", 2.0)]
-    book = NodeBook(lambda: list(inv), "exclusive", refresh_s=0.05)
+    inv = Inventory([Node("big", 16.0), Node("small", 2.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=0.05)  # the refresh is what sees the node go
     assert book.acquire("t1", cpu(8)) == "big"
     w = Waiter(book, "t2", cpu(8))
-    assert not w.done.wait(0.15)
-    inv.pop(0)  # the only node that could hold 8 cores leaves the cluster
-    assert w.done.wait(2.0)
+    inv.wait_looks(2)
+    assert book.in_use() == {"big": ["t1"]}
+    inv.nodes.pop(0)  # the only node that could hold 8 cores leaves the cluster
+    assert w.done.wait(HANG_S)
     assert isinstance(w.error, CannotPlace) and "2 CPU" in str(w.error)
 
 
@@ -195,17 +221,21 @@ def test_avoid_sends_the_retry_to_another_node():
 
 
 def test_avoid_waits_for_another_fitting_node_rather_than_taking_the_avoided_one():
-    book = NodeBook(lambda: [Node("node-a", 8.0), Node("node-b", 8.0)], "exclusive", refresh_s=5.0)
+    inv = Inventory([Node("node-a", 8.0), Node("node-b", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     book.avoid("t", "node-a")
     assert book.acquire("other", cpu(2)) == "node-a"
     book.release("node-a", "other")
     assert book.acquire("busy", cpu(2)) == "node-a"
     assert book.acquire("busy-b", cpu(2)) == "node-b"
+    looks = inv.looks
     w = Waiter(book, "t#2", cpu(2), trial_id="t")
+    inv.wait_looks(looks + 1)  # both nodes busy: it waits
     book.release("node-a", "busy")  # the avoided node frees up first: not taken while b fits
-    assert not w.done.wait(0.15)
+    inv.wait_looks(looks + 2)  # woken by that release, it looked again ...
+    assert book.in_use() == {"node-b": ["busy-b"]}  # ... and left node-a alone
     book.release("node-b", "busy-b")
-    assert w.done.wait(2.0) and w.node == "node-b"
+    assert w.done.wait(HANG_S) and w.node == "node-b"
 
 
 def test_avoid_falls_back_to_the_avoided_node_when_it_is_the_only_one():
@@ -222,14 +252,13 @@ def test_avoid_is_keyed_by_owner_without_trial_id():
 
 # ---------------------------------------------------------------------- cancel
 def test_cancel_wakes_a_blocked_acquire():
-    book = NodeBook(lambda: [Node("node-a", 8.0)], "exclusive", refresh_s=5.0)
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     book.acquire("t1", cpu(1))
     w = Waiter(book, "t2", cpu(1))
-    assert not w.done.wait(0.1)
-    t0 = time.monotonic()
+    inv.wait_looks(2)  # it waits
     book.cancel()
-    assert w.done.wait(2.0)
-    assert time.monotonic() - t0 < QUICK_S  # the cancel wakes it, not the 5 s refresh
+    assert w.done.wait(HANG_S), "the cancel did not wake the waiter (the refresh is an hour away)"
     assert isinstance(w.error, Cancelled)
     with pytest.raises(Cancelled):  # and later acquires fail at once too
         book.acquire("t3", cpu(1))
@@ -237,13 +266,14 @@ def test_cancel_wakes_a_blocked_acquire():
 
 # ---------------------------------------------------------------------- inventory changes
 def test_a_node_that_joins_later_is_used_by_a_waiting_acquire():
-    inv = [Node("node-a", 8.0)]
-    book = NodeBook(lambda: list(inv), "exclusive", refresh_s=0.05)
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=0.05)  # the refresh is what sees the node join
     book.acquire("t1", cpu(2))
     w = Waiter(book, "t2", cpu(2))
-    assert not w.done.wait(0.15)
-    inv.append(Node("node-new", 8.0))
-    assert w.done.wait(2.0)
+    inv.wait_looks(2)
+    assert book.in_use() == {"node-a": ["t1"]}
+    inv.nodes.append(Node("node-new", 8.0))
+    assert w.done.wait(HANG_S)
     assert w.error is None and w.node == "node-new"
 
 
@@ -340,9 +370,8 @@ def test_need_matches():
 
 # ---------------------------------------------------------------------- fixed: timeouts shorter than refresh_s
 def test_acquire_timeout_is_honoured_when_shorter_than_refresh():
-    book = NodeBook(lambda: [Node("node-a", 8.0)], "exclusive", refresh_s=1.0)
+    book = NodeBook(lambda: [Node("node-a", 8.0)], "exclusive", refresh_s=NEVER_S)
     book.acquire("t1", cpu(1))
-    t0 = time.monotonic()
-    with pytest.raises(TimeoutError):
-        book.acquire("t2", cpu(1), timeout_s=0.05)
-    assert time.monotonic() - t0 < 0.5
+    w = Waiter(book, "t2", cpu(1), timeout_s=0.05)
+    assert w.done.wait(HANG_S), "the 0.05 s timeout was not honoured (the refresh is an hour away)"
+    assert isinstance(w.error, TimeoutError) and "0.05 s" in str(w.error)

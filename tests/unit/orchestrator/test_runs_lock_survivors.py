@@ -249,33 +249,49 @@ def test_signal_handlers_replaced_by_ray_init_are_put_back():
 
 # ---------------------------------------------------------------- the cli on signals
 _FAKE_RUN = """
-    import sys, time
-    import orchestrator.sweep as runner
+    import signal, sys, time, types
+    import orchestrator.cli as cli
+
+    home, sweep_module = sys.argv[1:3]
 
     def fake_run_sweep(spec, spec_path, home, *, console, resume=True):
+        ours = [signal.getsignal(s) is cli._terminate for s in (signal.SIGINT, signal.SIGTERM)]
         try:
-            print("running", flush=True)
+            print("running; handlers ours:", ours, flush=True)
             time.sleep(60)
             return 0
         finally:
             print("cleanup", flush=True)
-            time.sleep(1.0)  # a second signal lands here: it must not cut the cleanup short
-            print("cleaned", flush=True)
+            deadline = time.monotonic() + 20
+            while len(cli._signals_seen) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the second signal lands here: it must not cut the cleanup short
+            print("cleaned after", len(cli._signals_seen), "signals", flush=True)
 
-    runner.run_sweep = fake_run_sweep
-    from orchestrator.cli import main
-    sys.argv = ["orchestrator", "run", "sweeps/smoke.yaml", "--home", sys.argv[1]]
-    main()
+    class Sweep(types.ModuleType):
+        def __getattr__(self, name):
+            if name != "run_sweep":
+                raise AttributeError(name)
+            if sweep_module == "real":  # imported where `run` imports it, after main() set the handlers:
+                del sys.modules["orchestrator.sweep"]  # the real module, with Ray, MLflow, pandas (seconds)
+                import orchestrator.sweep
+            return fake_run_sweep
+
+    sys.modules["orchestrator.sweep"] = Sweep("orchestrator.sweep")
+    sys.argv = ["orchestrator", "run", "sweeps/smoke.yaml", "--home", home]
+    cli.main()
 """
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_cli_run_exits_128_plus_the_signal_after_its_cleanup(tmp_path: Path, sig: int, code: int):
+# SIGINT with the real orchestrator.sweep imported where `run` imports it (none of its imports may replace the
+# handlers: both are checked); SIGTERM without it, which spares a second child those seconds of imports.
+@pytest.mark.parametrize("sig, code, sweep_module", [(signal.SIGINT, 130, "real"), (signal.SIGTERM, 143, "stand-in")])
+def test_cli_run_exits_128_plus_the_signal_after_its_cleanup(tmp_path: Path, sig: int, code: int, sweep_module: str):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_FAKE_RUN), str(tmp_path)], cwd=ROOT, env=env,
-                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_FAKE_RUN), str(tmp_path), sweep_module], cwd=ROOT,
+                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        _wait_line(child, "running")
+        running = _wait_line(child, "running")
+        assert "handlers ours: [True, True]" in running, running
         child.send_signal(sig)
         _wait_line(child, "cleanup")
         child.send_signal(sig)  # impatient user: ignored while the services stop
@@ -284,4 +300,5 @@ def test_cli_run_exits_128_plus_the_signal_after_its_cleanup(tmp_path: Path, sig
         if child.poll() is None:
             child.kill()
     assert child.returncode == code, out
-    assert "cleaned" in out and f"interrupted by {signal.Signals(sig).name}" in out
+    assert "cleaned after 2 signals" in out and f"stopping (signal {int(sig)})" in out, out
+    assert f"interrupted by {signal.Signals(sig).name}" in out

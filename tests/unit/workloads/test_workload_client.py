@@ -84,12 +84,13 @@ def test_client_side_tokenization(sse_server, qwen3_factory: TextFactory) -> Non
 
 
 def test_stalled_server_times_out_without_hanging(sse_server) -> None:
-    t0 = time.monotonic()
+    # The server stalls for an hour: a record at all means the request's own deadline ended the wait
+    # (a hang fails at the 60 s test timeout), and "timeout" with the deadline in its text means it was
+    # that deadline, not another error. Not before it: the record spans at least the 0.3 s.
     record, answer = send(sse_server.base_url, "stall", request(timeout_s=0.3))
-    elapsed = time.monotonic() - t0
-    assert record.status == "timeout" and "0.300 s" in record.error
-    assert 0.25 < elapsed < 2.0 and answer == "" and record.first_token_ns is None
-    assert 0.29e9 < record.end_ns - record.sent_ns < 1.0e9
+    assert record.status == "timeout" and record.error == "no complete answer within 0.300 s"
+    assert answer == "" and record.first_token_ns is None and record.token_ns == ()
+    assert record.end_ns - record.sent_ns >= 0.3e9 - 1e6  # the loop may fire a timer within its clock resolution
 
 
 def test_cut_before_deadline_gives_cut(sse_server) -> None:
