@@ -45,11 +45,11 @@ browser:
 smoke: install
 	$(BIN)/orchestrator run sweeps/smoke.yaml
 
-# One test at a time: on 2 cores, two workers (pytest -n 2 --dist loadfile works, each with a temp folder of
-# its own) made the integration tests slower each and timing-sensitive checks flaky under load.
+# Two lanes at once (tests/lanes.py): the tests that need the whole machine and the unit tests on every
+# core, the other integration tests on the first core only. TEST_LANES=1 runs one pytest process.
 test: install browser $(LLAMA3_JSON)
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
-	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python -m pytest -q --durations=40
+	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25
 
 unit: install $(LLAMA3_JSON)
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python -m pytest -q -m "not integration"

@@ -63,6 +63,7 @@ def _runs(sorted_cpus: list[int]) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- topology
 
 NODE_CPUS_ENV = "ORCH_NODE_CPUS"
+HOUSEKEEPING_ENV = "ORCH_HOUSEKEEPING_CPUS"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class NodeTopology:
     numa: dict[int, tuple[int, ...]] = field(default_factory=dict)
     gpu_numa: dict[int, int] = field(default_factory=dict)
     cpu_model: str = ""
+    #: Cores handed out last: the kernel's housekeeping cores (interrupts, timers, the OS's daemons).
+    #: Core 0 unless ``ORCH_HOUSEKEEPING_CPUS`` (a cpulist) names others, as a node booted with
+    #: ``isolcpus``/``nohz_full`` or a second test lane on one machine does.
+    housekeeping: frozenset[int] = frozenset({0})
 
     def __post_init__(self) -> None:
         if not self.numa:  # one node holding everything
@@ -108,7 +113,9 @@ class NodeTopology:
         covered = frozenset(c for cs in numa.values() for c in cs)
         if not numa or covered != usable:  # sysfs missing or odd: one node is the honest fallback
             numa = {0: tuple(sorted(usable))}
-        return cls(cpus=tuple(sorted(usable)), numa=numa, gpu_numa=_detect_gpu_numa(sysfs), cpu_model=_cpu_model())
+        housekeeping = parse_cpulist(os.environ.get(HOUSEKEEPING_ENV) or "0")
+        return cls(cpus=tuple(sorted(usable)), numa=numa, gpu_numa=_detect_gpu_numa(sysfs), cpu_model=_cpu_model(),
+                   housekeeping=housekeeping)
 
     def node_of(self, cpu: int) -> int:
         for node, cpus in self.numa.items():
@@ -191,7 +198,8 @@ class CoreAllocator:
     Choice order, so that co-located trials stay fast and predictable:
     1. the preferred NUMA node (the GPUs' node), then the node with the most free cores;
     2. within a node, the smallest contiguous run that fits (less fragmentation), else the largest runs;
-    3. core 0 last: interrupts, the kernel and the Ray raylet tend to live there.
+    3. the housekeeping cores last (core 0 unless ``ORCH_HOUSEKEEPING_CPUS`` says otherwise): interrupts,
+       the kernel and the Ray raylet tend to live there.
     Only if no single node can fit does a set spill across nodes.
     """
 
@@ -235,13 +243,13 @@ class CoreAllocator:
         for node in nodes:  # a single node first
             node_free = free & frozenset(self.topology.numa[node])
             if len(node_free) >= n:
-                return _pick_within(node_free, n)
+                return _pick_within(node_free, n, self.topology.housekeeping)
         picked: set[int] = set()  # spill over nodes in preference order
         for node in nodes:
             node_free = free & frozenset(self.topology.numa[node])
             take = min(n - len(picked), len(node_free))
             if take:
-                picked |= _pick_within(node_free, take)
+                picked |= _pick_within(node_free, take, self.topology.housekeeping)
         return frozenset(picked)
 
     def release(self, owner: str) -> None:
@@ -279,11 +287,11 @@ class CoreAllocator:
         return Allocation(replica=replica, client=frozenset(pool[:client_cores]), client_isolated=False)
 
 
-def _pick_within(free: frozenset[int], n: int) -> frozenset[int]:
-    """n cores of ``free``: best-fitting contiguous run, core 0 only when nothing else is left."""
-    pool = sorted(free - {0})
-    if len(pool) < n:  # core 0 is needed (the caller checked that ``free`` has n cores)
-        return frozenset(pool) | {0}
+def _pick_within(free: frozenset[int], n: int, housekeeping: frozenset[int] = frozenset({0})) -> frozenset[int]:
+    """n cores of ``free``: best-fitting contiguous run, housekeeping cores only when nothing else is left."""
+    pool = sorted(free - housekeeping)
+    if len(pool) < n:  # housekeeping cores are needed (the caller checked that ``free`` has n cores)
+        return frozenset(pool) | frozenset(sorted(free & housekeeping)[:n - len(pool)])
     runs = [list(range(a, b + 1)) for a, b in _runs(pool)]
     fitting = [r for r in runs if len(r) >= n]
     if fitting:

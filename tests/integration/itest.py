@@ -2,8 +2,8 @@
 
 - ``agentic``, ``sweep`` and ``tiny_trial``: the small agentic load, a sweep of it on the tiny shape
   (``--enforce-eager``: no torch.compile, so each start is cheap), and one replica's TrialSpec.
-- ``NODE``, ``LAST_CORE``, ``CLIENT_CORES``: a replica goes on the last core (not core 0: the OS and the
-  test runner live there) and its client on the others.
+- ``NODE``, ``LAST_CORE``, ``CLIENT_CORES``: a replica goes on the last core that is not a housekeeping
+  one (core 0 by default: the OS and the test runner live there) and its client on the others.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from typing import Any
 
 import pytest
 
+from orchestrator.node.cores import HOUSEKEEPING_ENV, parse_cpulist
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, SweepSpec, VllmVariant
 from orchestrator.values.trial import TrialSpec
 
 NODE = sorted(os.sched_getaffinity(0))
-LAST_CORE = frozenset(NODE[-1:])
-CLIENT_CORES = set(NODE[:-1]) or set(NODE)
+# The product's own placement (orchestrator.node.cores): the housekeeping cores last. `make test`'s second
+# lane names another housekeeping core (tests/lanes.py), so its replicas go on core 0 and the first lane's
+# on the last core.
+_HOUSEKEEPING = parse_cpulist(os.environ.get(HOUSEKEEPING_ENV) or "0")
+LAST_CORE = frozenset([([c for c in NODE if c not in _HOUSEKEEPING] or NODE)[-1]])
+CLIENT_CORES = set(NODE) - LAST_CORE or set(NODE)
 EAGER = {"name": "eager", "args": ["--enforce-eager"]}
 
 

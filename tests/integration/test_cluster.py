@@ -28,7 +28,7 @@ from orchestrator.values.results import ErrorKind, TrialStatus
 from orchestrator.infra.local_servers import ray_on_loopback
 from itest import agentic, sweep
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(1500)]
 CPUS = sorted(os.sched_getaffinity(0))
 
 

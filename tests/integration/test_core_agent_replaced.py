@@ -18,7 +18,7 @@ from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, V
 from orchestrator.values.trial import TrialSpec
 from workloads.spec import AgenticWorkload
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

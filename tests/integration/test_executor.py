@@ -46,7 +46,8 @@ def _launches(log) -> int:
 
 
 def test_server_that_dies_mid_trial_is_a_failed_trial_with_its_log_and_its_retry_has_its_own(vllm_left, local_ray, tmp_path):
-    plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=25))
+    # enough load to be serving when killed (the first request kills it); the retry's window is 8 s
+    plan = expand(_spec("fresh", [1], sessions=64, concurrency=2, turns=20, think_time_s=0.5, max_duration_s=8))
     trial = plan.trials[0]
     ex = RayTrialExecutor(tmp_path, plan=plan)
     killed: list[int] = []
@@ -122,6 +123,7 @@ def test_shared_start_windows_follow_the_protocol_and_cross_check(vllm_left, loc
         assert '"client_end"' in checks and (tdir / "bare.jsonl").stat().st_size > 0
 
 
+@pytest.mark.whole_node  # a 2-core start pinned to 1 core
 def test_sized_start_pins_before_the_window_and_captures_a_profile(vllm_left, local_ray, tmp_path):
     """start: sized starts on the group's most cores with thread pools sized for the trial's, then pins
     to them before the window; the window's checks see only the trial's cores. The GPU profile's path

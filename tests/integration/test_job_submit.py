@@ -47,7 +47,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.infra.net import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(480)]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: `ray`, and the `python` the job's entrypoint runs

@@ -21,7 +21,7 @@ from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import chains, expand
 from itest import agentic, sweep
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(1200)]
 
 
 def _plan():

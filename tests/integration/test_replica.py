@@ -21,12 +21,12 @@ from orchestrator.node.restrict import ROOT_NAME, pid_alive
 from orchestrator.values.results import ErrorKind
 from orchestrator.node.startup import compile_cache_entries
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from itest import LAST_CORE
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-NODE = sorted(os.sched_getaffinity(0))
-CORE = frozenset(NODE[-1:])  # not core 0: the OS and the test runner live there
+CORE = LAST_CORE  # not a housekeeping core: the OS and the test runner live there
 
 
 def trial(args: tuple[str, ...] = (), restriction: str = "cpuset") -> TrialSpec:

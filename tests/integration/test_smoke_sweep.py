@@ -27,7 +27,7 @@ from orchestrator.plan.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(1800)]
 
 
 def _leftovers(home: Path) -> list[str]:

@@ -71,6 +71,23 @@ def test_core_zero_last_and_contiguous() -> None:
     assert alloc.allocate("c", 1) == {0}
 
 
+def test_housekeeping_cores_last_as_the_node_says() -> None:
+    """ORCH_HOUSEKEEPING_CPUS moves the cores handed out last: on 2 cores with core 1 the housekeeping
+    one, the replica goes on core 0 and its client on core 1 (a second test lane on one machine)."""
+    two = NodeTopology(cpus=(0, 1), housekeeping=frozenset({1}))
+    got = CoreAllocator(two).allocate_trial("t", 1, 1, "prefer")
+    assert (got.replica, got.client, got.client_isolated) == ({0}, {1}, True)
+    alloc = CoreAllocator(NodeTopology(cpus=tuple(range(8)), housekeeping=frozenset({6, 7})))
+    assert alloc.allocate("a", 6) == set(range(6))
+    assert alloc.allocate("b", 1) == {6} and alloc.allocate("c", 1) == {7}
+
+
+def test_housekeeping_cores_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert NodeTopology.detect().housekeeping == {0}
+    monkeypatch.setenv("ORCH_HOUSEKEEPING_CPUS", "2-3")
+    assert NodeTopology.detect().housekeeping == {2, 3}
+
+
 def test_best_fit_run() -> None:
     alloc = CoreAllocator(NodeTopology.synthetic(12))
     for owner, n in (("a", 2), ("b", 3), ("c", 2)):

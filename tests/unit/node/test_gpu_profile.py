@@ -184,7 +184,8 @@ def test_a_window_that_ends_during_the_capture_cuts_it_short(tmp_path: Path) -> 
     cap = GpuProfileCapture("http://127.0.0.1:1", tmp_path, seconds=60, delay_s=0, post=post).start()
     assert started.wait(5)
     metrics, params = cap.stop(timeout_s=10)
-    assert params["gpu_profile_status"].startswith("ok, cut short") and metrics["gpu_profile_s"] < 10
+    # cut short: less than the 60 s asked for (no bound on how fast this machine is)
+    assert params["gpu_profile_status"].startswith("ok, cut short") and metrics["gpu_profile_s"] < 60
     assert metrics["gpu_profile_kernels"] == 3
 
 
