@@ -49,6 +49,7 @@ class Section:
     extras: Extras = Extras()
     plots: Mapping[str, str] = field(default_factory=dict)  # name -> path relative to the page
     costs: pd.DataFrame | None = None
+    knee_estimate: Any = None  # orchestrator.observe.analysis.knee.KneeEstimate
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,20 @@ def opening(rows: pd.DataFrame, knee: int | None, tolerance: float) -> str:
     return _sentence("; ".join(parts))
 
 
+def knee_paragraph(k: Any) -> str:
+    """The knee from every window's requests, with its interval, and which figure decides it and why."""
+    if k.knee is None:
+        return f"<p class='knee'>Knee with its interval: {_e(k.sentence())}.</p>"
+    drawn = ", ".join(f"{c} cores {v:.0%}" for c, v in sorted(k.shares.items(), key=lambda cv: -cv[1]) if v >= 0.01)
+    return (f"<p class='knee'><b>Knee with its interval: {_e(k.sentence())}</b> (the draws named {_e(drawn)}). "
+            f"Decided on the {_e(k.statistic)} TTFT of every window's requests together, made non-increasing in "
+            f"cores (a higher core count that reads worse within noise does not move it), the fewest cores within "
+            f"{k.tolerance:.0%} of the best; the interval is the central {k.level:.0%} of {k.n_boot} bootstrap draws "
+            f"of windows, then of their requests. Why the mean: on a dense H200 grid it spread half as much as "
+            f"p50, within a window and between windows (benchmarks/results/knee-noise.md). The table keeps p50 "
+            f"and p90; the knee above it is p50's rule on the medians of repeats.</p>")
+
+
 def _ms_text(v: float) -> str:
     return f"{1000 * v:.0f}" if abs(v) >= 0.0095 else f"{1000 * v:.1f}"
 
@@ -357,6 +372,8 @@ def _section(s: Section, opts: ReportOptions) -> str:
         detail = getattr(d, "detail", "")
     out.append("<div class='diagnosis'><p>" + " ".join(_e(x) for x in said) + "</p>" + table
                + (f"<p class='muted'>{_e(detail)}</p>" if detail else "") + "</div>")
+    if s.knee_estimate is not None:
+        out.append(knee_paragraph(s.knee_estimate))
     out.append(_rows_table(s.rows, opts.slo))
     for name, alt in (("ttft", "TTFT against cores"), ("side", "timeouts, utilisation and frontend share"),
                       ("goodput", "goodput against cores")):

@@ -73,6 +73,8 @@ class ReportOptions:
     n_boot: int = stats.N_BOOT
     level: float = stats.LEVEL
     seed: int = 0
+    knee_statistic: str = "mean"   # the figure the knee's interval is decided on (see knee_windows)
+    knee_level: float = 0.90
 
     @property
     def priced(self) -> bool:
@@ -167,6 +169,24 @@ def aggregated_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], 
         extra["cell"] = _cell_label(row, failed)
         out.append(extra)
     return pd.concat([table.reset_index(drop=True), pd.DataFrame(out)], axis=1)
+
+
+def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame],
+                 per_trial: pd.DataFrame) -> dict[int, list[np.ndarray]]:
+    """One configuration's windows for :func:`orchestrator.observe.analysis.knee.estimate_knee`: per core
+    count that counts for the knee (a TTFT p50, most requests answered: ``report.comparison``'s rule), the
+    ok requests' TTFTs of each completed trial with records."""
+    status = per_trial.set_index("trial_id")["status"] if len(per_trial) else pd.Series(dtype=object)
+    out: dict[int, list[np.ndarray]] = {}
+    for _, row in rows.iterrows():
+        rate = row.get("timeout_rate")
+        if pd.isna(row.get("ttft_p50_s")) or (pd.notna(rate) and rate > TIMEOUT_MAJORITY):
+            continue
+        done = [t for t in str(row["trials"]).split(",") if t in records and status.get(t) == "COMPLETED"]
+        windows = [v for v in (ttft_values(records[t]) for t in done) if len(v)]
+        if windows:
+            out[int(row["cores"])] = windows
+    return out
 
 
 def configurations(table: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:

@@ -6,6 +6,8 @@ Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<swee
     aggregated.csv   one row per configuration x cores, with the TTFT intervals (tables.aggregated_table)
     trials.csv       one row per trial (tables.trial_table)
     heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (tables.heatmap_table)
+    knee.csv         per configuration: the knee from every window's requests and its interval
+                     (orchestrator.observe.analysis.knee), the figures and the monotone fit behind it
     predictions.json per configuration: the knee model's parameters, its inputs, the predicted knee
                      and the held-out check (orchestrator.observe.analysis.predict), or why there is none
     plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.report.plots)
@@ -26,6 +28,8 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.observe import stats
+from orchestrator.observe.analysis.knee import estimate_knee
 from orchestrator.observe.report import plots
 from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
 from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
@@ -34,11 +38,11 @@ from orchestrator.observe.report.html import Page, Section, render
 from orchestrator.observe.time_use import describe_time_use
 from orchestrator.values.sweep_spec import SweepSpec
 from orchestrator.observe.report.tables import (ReportOptions, aggregated_table, config_labels, configurations,
-                                                heatmap_table, knee, merge_slo, trial_table)
+                                                heatmap_table, knee, knee_windows, merge_slo, trial_table)
 
 log = logging.getLogger(__name__)
 CSVS = {"aggregated": "aggregated.csv", "trials": "trials.csv", "heatmap": "heatmap.csv",
-        "start modes": "start_modes.csv", "references": "references.csv"}
+        "start modes": "start_modes.csv", "references": "references.csv", "knee": "knee.csv"}
 _COST_COLUMNS = ["cores", "gpus", "ttft_p50_s", "request_throughput_rps", "hourly_usd", "core_share",
                  "usd_per_1k_requests"]
 
@@ -66,10 +70,12 @@ class Published:
 
 
 def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts: ReportOptions,
-             plot_dir: Path, table: pd.DataFrame) -> tuple[Section, list[Path]]:
+             plot_dir: Path, table: pd.DataFrame, windows: dict[int, Any]) -> tuple[Section, list[Path]]:
     anchor = f"config-{i + 1}"
     extras = extras_for(rows, opts, table)
     observed = knee(rows)
+    interval = estimate_knee(windows, stat=opts.knee_statistic, tolerance=opts.tolerance, level=opts.knee_level,
+                             n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "knee|" + "|".join(map(str, key))))
     written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
                                predicted=extras.predicted),
                plots.side_plot(rows, plot_dir / f"{anchor}-side.png", title=label)]
@@ -83,8 +89,22 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
         bill = costs(rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd)
         bill = bill.reindex(columns=[c for c in _COST_COLUMNS if c in bill])
     section = Section(anchor=anchor, label=label, factors=dict(zip(CONFIG, key)), rows=rows, knee=observed,
-                      extras=extras, plots=names, costs=bill)
+                      extras=extras, plots=names, costs=bill, knee_estimate=interval)
     return section, written
+
+
+KNEE_COLUMNS = ["configuration", "knee", "low", "high", "level", "settled", "statistic", "tolerance", "cores",
+                "figures_s", "fitted_s", "windows", "requests", "shares", "sentence"]
+
+
+def _knee_record(s: Section) -> dict[str, Any]:
+    k = s.knee_estimate
+    join = lambda xs, fmt="{}": " ".join(fmt.format(x) for x in xs)  # noqa: E731
+    return {"configuration": s.label, "knee": k.knee, "low": k.low, "high": k.high, "level": k.level,
+            "settled": k.settled, "statistic": k.statistic, "tolerance": k.tolerance, "cores": join(k.cores),
+            "figures_s": join(k.figures, "{:.4f}"), "fitted_s": join(k.fitted, "{:.4f}"), "windows": join(k.windows),
+            "requests": join(k.requests), "shares": join(f"{c}:{v:.3f}" for c, v in k.shares.items()),
+            "sentence": k.sentence()}
 
 
 def _prediction_record(s: Section) -> dict[str, Any]:
@@ -118,9 +138,11 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     labels = config_labels(table)
     sections, written = [], []
     for i, (key, rows) in enumerate(configurations(table)):
-        section, files = _section(i, key, rows, labels[key], opts, plot_dir, table)
+        section, files = _section(i, key, rows, labels[key], opts, plot_dir, table,
+                                  knee_windows(rows, data.records, per_trial))
         sections.append(section)
         written += files
+    pd.DataFrame([_knee_record(s) for s in sections], columns=KNEE_COLUMNS).to_csv(csvs["knee"], index=False)
     (out_dir / "time_use.json").write_text(json.dumps(dict(data.time_use), indent=2, sort_keys=True), encoding="utf-8")
     (out_dir / "predictions.json").write_text(json.dumps(
         [_prediction_record(s) for s in sections], indent=2, default=str), encoding="utf-8")

@@ -183,3 +183,21 @@ def test_a_sweeps_report_lands_in_its_home(tmp_path: Path, make_records, make_ou
     line = write_sweep_report(plan.spec, tmp_path, None)
     index = tmp_path / "reports" / "box-sweep" / "index.html"
     assert line == f"report written to {index}" and "Trials read from the local outbox" in index.read_text()
+
+
+def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path):
+    """knee.csv and the page: the knee from every window's requests (the mean, a monotone fit, a bootstrap of
+    windows then requests), its interval and whether it is settled; a core count where most requests time
+    out does not count, as for the table's knee."""
+    files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=200))
+    knees = pd.read_csv(files.csvs["knee"]).set_index("configuration")
+    assert sorted(knees.index) == ["m chat", "m code"]
+    code = knees.loc["m code"]
+    assert code["cores"].split() == ["2", "4", "8"]  # 1 core: most requests time out
+    for name, k in knees.iterrows():
+        assert k["low"] <= k["knee"] <= k["high"] and k["statistic"] == "mean" and k["level"] == 0.9
+        fitted = [float(x) for x in k["fitted_s"].split()]
+        assert fitted == sorted(fitted, reverse=True), name  # never rises with cores
+        assert sum(float(s.split(":")[1]) for s in k["shares"].split()) == pytest.approx(1.0)
+        assert f"Knee with its interval: {k['sentence']}" in files.index.read_text()
+    assert "Why the mean" in files.index.read_text()
