@@ -83,7 +83,7 @@ def run(lanes: list[Lane], extra: list[str]) -> int:
     procs: list[tuple[Lane, subprocess.Popen, threading.Thread]] = []
     t0 = time.monotonic()
     for lane in lanes:
-        env = {**os.environ, **lane.env}
+        env = {**os.environ, **lane.env, "PYTHONUNBUFFERED": "1"}  # a pipe: lines as they come, not in 8-KB blocks
         if len(lanes) > 1:
             own = base / f"lane-{lane.name}"
             own.mkdir(parents=True, exist_ok=True)
