@@ -27,12 +27,12 @@ from orchestrator.node.attribution import ProcDesc, ProcReading, RoleAccounting,
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import MetricsSnapshot, TelemetrySampler, span_readings
 from orchestrator.observe.summary import summarize_series
-from orchestrator.plan.expand import expand
-from orchestrator.plan.load import parse_spec
 from orchestrator.values.results import TrialStatus
 from orchestrator.values.wire import CoreGrant, ReplicaUp
 from workloads.records import RequestRecord
 from workloads.run_workload import WorkloadRun
+
+from fakes import Remote, TickClock, agentic_trial
 
 NS = 1_000_000_000
 TICK = 0.1  # the clock's step, and the host sampling period
@@ -79,27 +79,10 @@ EXPECTED = {
 }
 
 
-class Clock:
-    """Monotonic seconds that move only when told, one tick at a time; every tick calls the listeners."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.listeners: list[Any] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        for _ in range(round(seconds / TICK)):
-            self.t = round(self.t + TICK, 6)
-            for fn in list(self.listeners):
-                fn()
-
-
 class Node:
     """The synthetic node: cumulative counters that grow at the current phase's rates, tick by tick."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: TickClock) -> None:
         self.clock = clock
         self.phase = "out"
         self.busy = {c: 0.0 for c in (*REPLICA, *CLIENT)}
@@ -176,7 +159,7 @@ class FakeVllm:
 class Workload:
     """The workload actor: set-up, then inside the load call connection set-up, the requests, the tail."""
 
-    def __init__(self, clock: Clock, node: Node) -> None:
+    def __init__(self, clock: TickClock, node: Node) -> None:
         self.clock, self.node = clock, node
         self.run: WorkloadRun | None = None
 
@@ -212,37 +195,14 @@ class Workload:
         return self.run
 
 
-class Remote:
-    """An actor handle whose ``method.remote(*a)`` calls the method at once (``get`` is the identity)."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._target, name)
-
-        class _M:
-            @staticmethod
-            def remote(*args: Any) -> Any:
-                return method(*args)
-
-        return _M
-
-
 def _trial() -> Any:
-    spec = parse_spec({
-        "name": "span", "models": [{"name": "tiny", "shape": "tiny-llama"}],
-        "workloads": [{"name": "w", "kind": "agentic", "sessions": 2, "concurrency": 2, "turns": 1,
-                       "system_prompt_tokens": 64, "max_duration_s": 10}],
-        "grid": {"cores": [len(REPLICA)]}, "protocol": {"warmup_s": 0},
-    })
-    return expand(spec).trials[0]
+    return agentic_trial(name="span", cores=len(REPLICA))
 
 
 @pytest.fixture
 def chain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Run one window through the real chain on the synthetic node; returns (TrialResult, WindowFigures)."""
-    clock = Clock()
+    clock = TickClock()
     node = Node(clock)
 
     def sampler(**kw: Any) -> TelemetrySampler:
@@ -329,7 +289,7 @@ def test_span_figures_scale_the_readings_to_the_span_and_divide_by_it() -> None:
 
 
 def test_the_sampler_reads_the_counters_at_start_every_period_and_at_stop() -> None:
-    clock = Clock()
+    clock = TickClock()
     value = iter(range(100))
     s = TelemetrySampler(hz=0, clock=clock.now, gpu_reader=False, cpu_percent=lambda: [],
                          counters=lambda: next(value), counters_hz=0)

@@ -20,30 +20,13 @@ from orchestrator.node.actors import window_series
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import TelemetrySampler
 from orchestrator.observe.summary import summarize_series
-from orchestrator.plan.expand import expand
-from orchestrator.plan.load import parse_spec
 from workloads.records import RequestRecord
 from workloads.run_workload import WorkloadRun
 
+from fakes import Remote, TickClock, agentic_trial
+
 NS = 1_000_000_000
 OK = Verification(True, "affinity", "0", 1, 1)
-
-
-class FakeClock:
-    """Monotonic seconds that move only when told; every 0.1 s of movement ticks the listeners (the sampler)."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.listeners: list[Any] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        for _ in range(round(seconds / 0.1)):
-            self.t = round(self.t + 0.1, 6)
-            for fn in self.listeners:
-                fn()
 
 
 class FakeGpu:
@@ -59,25 +42,8 @@ class FakeGpu:
         pass
 
 
-class Remote:
-    """An actor handle whose ``method.remote(*a)`` calls the method at once (``get`` is the identity)."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._target, name)
-
-        class _M:
-            @staticmethod
-            def remote(*args: Any) -> Any:
-                return method(*args)
-
-        return _M
-
-
 class FakeReplica:
-    def __init__(self, clock: FakeClock, gpu: FakeGpu, calls: list[str]) -> None:
+    def __init__(self, clock: TickClock, gpu: FakeGpu, calls: list[str]) -> None:
         self.clock, self.gpu, self.calls = clock, gpu, calls
         self.alive = True
         self.sampler: TelemetrySampler | None = None
@@ -130,7 +96,7 @@ class FakeWorkload:
     and ``tail_s``: idle time inside the load call before the first send and after the last completion
     (the client's connections opening and closing), which the sampler sees but the span leaves out."""
 
-    def __init__(self, clock: FakeClock, gpu: FakeGpu, calls: list[str], connect_s: float = 0.0,
+    def __init__(self, clock: TickClock, gpu: FakeGpu, calls: list[str], connect_s: float = 0.0,
                  tail_s: float = 0.0) -> None:
         self.clock, self.gpu, self.calls = clock, gpu, calls
         self.connect_s, self.tail_s = connect_s, tail_s
@@ -177,19 +143,12 @@ class FakeWorkload:
 
 
 def _trial(repeat: int = 0, crosscheck: bool = False):
-    spec = parse_spec({
-        "name": "m", "models": [{"name": "tiny", "shape": "tiny-llama"}],
-        "workloads": [{"name": "w", "kind": "agentic", "sessions": 2, "concurrency": 2, "turns": 1,
-                       "system_prompt_tokens": 64, "max_duration_s": 10}],
-        "grid": {"cores": [1]}, "repeats": repeat + 1,
-        "protocol": {"warmup_s": 0, "crosscheck": crosscheck},
-    })
-    return expand(spec).trials[repeat]
+    return agentic_trial(repeat=repeat, crosscheck=crosscheck)
 
 
 def _sequence(tmp_path: Path, *, repeat: int = 0, crosscheck: bool = False, on_step: Any = None,
               connect_s: float = 0.0, tail_s: float = 0.0):
-    clock, gpu, calls = FakeClock(), FakeGpu(), []
+    clock, gpu, calls = TickClock(), FakeGpu(), []
     replica = FakeReplica(clock, gpu, calls)
     window = Window(trial=_trial(repeat, crosscheck), tdir=tmp_path, replica=Remote(replica),
                     workload=Remote(FakeWorkload(clock, gpu, calls, connect_s, tail_s)),
@@ -238,7 +197,7 @@ def test_trial_metrics_are_the_span_rows_means_not_every_rows(tmp_path: Path) ->
 def test_means_over_every_sampled_row_would_be_diluted_by_idle_setup(tmp_path: Path) -> None:
     # The sampler started before the set-up (as it did when the workload built its text inside the
     # window): the rows outside the span are idle and the span's mean ignores them.
-    clock, gpu = FakeClock(), FakeGpu()
+    clock, gpu = TickClock(), FakeGpu()
     sampler = TelemetrySampler(hz=0, clock=clock.now, gpu_reader=gpu, cpu_percent=lambda: [])
     sampler.start()
     clock.listeners.append(sampler.sample_now)
