@@ -3,16 +3,7 @@
 # command sent to the machine replaces the checkout). The wheel bundle is already unpacked in /tmp/site;
 # the Llama 3 tokenizer comes in .bundle/tok. Poll with benchmarks/h200/wait.sh.
 set -uo pipefail
-rm -rf /tmp/work && mkdir -p /tmp/work /tmp/tok
-tar --exclude=./.bundle --exclude=./.git -cf - . | tar -C /tmp/work -xf -
-cp -r .bundle/tok/. /tmp/tok/ 2>/dev/null || true
-cd /tmp/work
-export PYTHONPATH=/tmp/site:/tmp/work PATH=/tmp/site/bin:$PATH
-export ORCH_HOME=${ORCH_HOME:-/tmp/orch} ORCH_TOKENIZER_CACHE=/tmp/tok VLLM_CACHE_ROOT=/tmp/vllm-cache
-export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-nproc
-python3 -c "import vllm, ray, mlflow; print('vllm', vllm.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__)"
+source "$(dirname "$0")/prepare.sh"
 python3 -m orchestrator.cli plan sweeps/h200-knee.yaml | tail -3
 setsid nohup python3 -m orchestrator.cli run sweeps/h200-knee.yaml > /tmp/sweep.log 2>&1 < /dev/null &
 echo "started: pid $!"
