@@ -151,4 +151,4 @@ def test_sized_start_pins_before_the_window_and_captures_a_profile(vllm_left, lo
     assert "no GPU activity" in p["gpu_profile_status"], p["gpu_profile_status"]
     # that the capture sees engine steps under a sustained load is one_server/test_gpu_profile's (the warm-up's
     # few requests may all fall outside a 2-s capture on a loaded machine)
-    assert m["gpu_profile_bytes"] > 0 and m["gpu_profile_steps"] >= 0
+    assert m["gpu_profile_bytes"] > 0 and "gpu_profile_steps" in m
