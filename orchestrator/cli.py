@@ -267,6 +267,8 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     if csv_path:
         done.files.table.to_csv(csv_path, index=False)
         console.print(f"table written to {csv_path}")
+    for line in done.files.knee_lines():
+        console.print(line, soft_wrap=True)
     console.print(f"report written to {done.files.index}", soft_wrap=True)
     if done.logged_to:
         console.print(f"report logged to MLflow run {done.logged_to} (artifacts under report/)")

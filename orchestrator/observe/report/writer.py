@@ -57,6 +57,12 @@ class ReportFiles:
     plots: list[Path]
     table: pd.DataFrame
     opts: ReportOptions
+    knees: tuple[tuple[str, Any], ...] = ()  # (configuration, KneeEstimate), as on the page
+
+    def knee_lines(self) -> list[str]:
+        """One line per configuration for the terminal: its knee with its interval."""
+        return [f"knee with its interval ({k.statistic} TTFT of every window), {label}: {k.sentence()}"
+                for label, k in self.knees]
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,8 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
                 start_modes=modes, references=refs)
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
-    return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts)
+    return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts,
+                       knees=tuple((s.label, s.knee_estimate) for s in sections))
 
 
 def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path, offline: str = "no MLflow tracking URI") -> SweepData:
@@ -218,7 +225,7 @@ def write_sweep_report(spec: SweepSpec, home: Path, uri: str | None) -> str:
     except Exception as exc:  # noqa: BLE001 (the sweep's results are safe in MLflow or the outbox)
         return f"warning: the report was not written: {type(exc).__name__}: {exc}"
     logged = f" (logged to MLflow run {done.logged_to} under report/)" if done.logged_to else ""
-    return f"report written to {done.files.index}{logged}"
+    return "\n".join([*done.files.knee_lines(), f"report written to {done.files.index}{logged}"])
 
 
 __all__ = ["CSVS", "Published", "ReportFiles", "load_sweep", "publish", "write_report", "write_sweep_report"]

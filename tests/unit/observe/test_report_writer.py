@@ -152,6 +152,7 @@ def test_the_report_command_reads_the_outbox_when_there_is_no_mlflow(tmp_path: P
                                     "--tpot-slo", "0.05", "--csv", str(tmp_path / "t.csv")])
     assert res.exit_code == 0, res.output
     assert "trials read from the local outbox" in res.output and f"report written to {out / 'index.html'}" in res.output
+    assert "knee with its interval (mean TTFT of every window), tiny-llama agentic-short: " in res.output
     page = (out / "index.html").read_text()
     assert "TTFT &lt;= 0.15 s and TPOT &lt;= 0.05 s (from the command line and the sweep&#x27;s slo)" in page
     assert len(pd.read_csv(tmp_path / "t.csv")) == 3
@@ -182,7 +183,10 @@ def test_a_sweeps_report_lands_in_its_home(tmp_path: Path, make_records, make_ou
     plan = make_outbox(tmp_path / "outbox", lambda t: make_records(0.1 / t.cores, 20, seed=t.repeat), cores=(1, 2))
     line = write_sweep_report(plan.spec, tmp_path, None)
     index = tmp_path / "reports" / "box-sweep" / "index.html"
-    assert line == f"report written to {index}" and "Trials read from the local outbox" in index.read_text()
+    knee, written = line.split("\n")
+    assert knee.startswith("knee with its interval (mean TTFT of every window), tiny-llama agentic-short: ")
+    assert knee.endswith(pd.read_csv(tmp_path / "reports" / "box-sweep" / "knee.csv")["sentence"].iloc[0])
+    assert written == f"report written to {index}" and "Trials read from the local outbox" in index.read_text()
 
 
 def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path):
