@@ -75,6 +75,7 @@ class KneeEstimate:
     requests: tuple[int, ...] = ()     # requests behind each core count
     shares: dict[int, float] = field(default_factory=dict)  # share of the draws that named each core count
     n_boot: int = 0
+    window_figures: tuple[tuple[int, float], ...] = ()  # (cores, the statistic of one window's requests)
 
     def sentence(self) -> str:
         """"2 cores; 90%: 2-3", "not settled: 90% between 1 and 4 cores", or why there is no knee."""
@@ -153,7 +154,7 @@ def estimate_knee(windows: Mapping[int, Sequence[Sequence[float]]], *, stat: str
         tolerance=tolerance, cores=cores, figures=tuple(float(x) for x in figures),
         fitted=tuple(float(x) for x in fitted), windows=tuple(len(w) for w in data.values()),
         requests=tuple(weights), shares={c: float(n) / n_boot for c, n in zip(cores, counts) if n},
-        n_boot=n_boot)
+        n_boot=n_boot, window_figures=tuple((c, f(w)) for c, ws in data.items() for w in ws))
 
 
 __all__ = ["LEVEL", "N_BOOT", "STATISTICS", "KneeEstimate", "estimate_knee", "knee_of", "monotone_fit", "statistic"]

@@ -375,8 +375,8 @@ def _section(s: Section, opts: ReportOptions) -> str:
     if s.knee_estimate is not None:
         out.append(knee_paragraph(s.knee_estimate))
     out.append(_rows_table(s.rows, opts.slo))
-    for name, alt in (("ttft", "TTFT against cores"), ("side", "timeouts, utilisation and frontend share"),
-                      ("goodput", "goodput against cores")):
+    for name, alt in (("ttft", "TTFT against cores"), ("knee", "the knee: every window, the fit and the interval"),
+                      ("side", "timeouts, utilisation and frontend share"), ("goodput", "goodput against cores")):
         out.append(_img(s.plots.get(name), alt))
     out.append(_extras(s))
     return "\n".join(out)

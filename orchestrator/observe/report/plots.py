@@ -60,6 +60,33 @@ def _not_recorded(ax: Any, title: str) -> None:
     ax.set_yticks([])
 
 
+def knee_plot(est: Any, path: Path, *, title: str) -> Path:
+    """The knee's evidence: every window's figure (dots), each core count's pooled figure (rings), the monotone
+    fit (line), the tolerance band over the best, and the knee's interval shaded (``analysis.knee``)."""
+    fig = _figure(6.4, 4.0)
+    ax = fig.subplots()
+    if not est.cores:
+        _not_recorded(ax, title)
+        return _save(fig, path)
+    wx = [c for c, _ in est.window_figures]
+    wy = [1000 * v for _, v in est.window_figures]
+    ax.scatter(wx, wy, s=14, color="0.55", label="one window", zorder=2)
+    ax.scatter(est.cores, [1000 * v for v in est.figures], s=60, facecolors="none", edgecolors="C0",
+               label=f"all windows ({est.statistic})", zorder=3)
+    ax.plot(est.cores, [1000 * v for v in est.fitted], color="C0", label="monotone fit", zorder=3)
+    best = 1000 * min(est.fitted)
+    ax.axhspan(best, best * (1 + est.tolerance), color="C2", alpha=0.12, label=f"within {est.tolerance:.0%} of the best")
+    if est.low is not None:
+        lo, hi = est.low / 2**0.15, est.high * 2**0.15
+        ax.axvspan(lo, hi, color="C1", alpha=0.15, label=f"knee, {est.level:.0%} interval")
+        ax.axvline(est.knee, color="C1", linestyle=":")
+    _cores_axis(ax, est.cores)
+    ax.set_ylabel(f"TTFT {est.statistic} (ms)")
+    ax.set_title(f"{title}: {est.sentence()}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, path)
+
+
 def ttft_plot(rows: pd.DataFrame, path: Path, *, title: str, knee: int | None,
               predicted: pd.DataFrame | None = None) -> Path:
     """TTFT p50/p90/p99 (ms) against cores with their bootstrap intervals as error bars; the knee as a

@@ -84,7 +84,8 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
                              n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "knee|" + "|".join(map(str, key))))
     written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
                                predicted=extras.predicted),
-               plots.side_plot(rows, plot_dir / f"{anchor}-side.png", title=label)]
+               plots.side_plot(rows, plot_dir / f"{anchor}-side.png", title=label),
+               plots.knee_plot(interval, plot_dir / f"{anchor}-knee.png", title=label)]
     if opts.slo.given:
         written.append(plots.goodput_plot(rows, plot_dir / f"{anchor}-goodput.png", title=label, slo=opts.slo))
     if extras.holdout is not None:

@@ -21,6 +21,7 @@ def test_a_clear_knee_is_settled_on_one_core_count():
     assert (est.knee, est.low, est.high, est.settled) == (2, 2, 2, True)
     assert est.sentence() == "2 cores; 90%: 2"
     assert est.cores == (1, 2, 4, 8) and est.windows == (3, 3, 3, 3) and est.requests == (450,) * 4
+    assert len(est.window_figures) == 12 and {c for c, _ in est.window_figures} == {1, 2, 4, 8}
 
 
 def test_a_higher_core_count_that_reads_worse_does_not_move_the_knee():

@@ -43,8 +43,8 @@ def test_the_folder_is_offline_readable_with_plots_and_csvs(sweep, tmp_path: Pat
         if not link.startswith("#"):
             assert (files.folder / link).is_file(), link
     pngs = sorted(p.name for p in (files.folder / "plots").glob("*.png"))
-    assert pngs == ["config-1-goodput.png", "config-1-side.png", "config-1-ttft.png", "config-2-goodput.png",
-                    "config-2-side.png", "config-2-ttft.png", "heatmap.png"]
+    assert pngs == ["config-1-goodput.png", "config-1-knee.png", "config-1-side.png", "config-1-ttft.png",
+                    "config-2-goodput.png", "config-2-knee.png", "config-2-side.png", "config-2-ttft.png", "heatmap.png"]
     assert all((files.folder / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert "a test outbox" in page and "TTFT &lt;= 0.3 s (from the sweep&#x27;s slo)" in page
     assert "not recorded" in page and "timeout" in page
@@ -69,7 +69,8 @@ def test_csvs_hold_the_tables(sweep, tmp_path: Path):
 def test_the_same_inputs_write_the_same_files(sweep, tmp_path: Path):
     a = write_report(_data(sweep), tmp_path / "a", ReportOptions(n_boot=100, seed=3))
     b = write_report(_data(sweep), tmp_path / "b", ReportOptions(n_boot=100, seed=3))
-    for name in ("index.html", "aggregated.csv", "trials.csv", "heatmap.csv", "plots/config-1-ttft.png"):
+    for name in ("index.html", "aggregated.csv", "trials.csv", "heatmap.csv", "knee.csv", "plots/config-1-ttft.png",
+                 "plots/config-1-knee.png"):
         assert (a.folder / name).read_bytes() == (b.folder / name).read_bytes(), name
 
 
