@@ -85,9 +85,19 @@ class KneeEstimate:
         span = f"{self.low}" if self.low == self.high else f"{self.low}-{self.high}"
         if len(self.cores) < 2:
             return f"{self.knee} cores (the only core count measured)"
-        if self.settled:
-            return f"{self.knee} cores; {pct}: {span}"
-        return f"not settled: {self.knee} cores, {pct} between {self.low} and {self.high} cores"
+        said = (f"{self.knee} cores; {pct}: {span}" if self.settled
+                else f"not settled: {self.knee} cores, {pct} between {self.low} and {self.high} cores")
+        if self.single_windows:
+            said += " (one window at the knee or below it: the interval leaves out window-to-window noise)"
+        return said
+
+    @property
+    def single_windows(self) -> bool:
+        """The knee or the core count below it has one window: no draw of windows, requests only."""
+        if self.knee is None:
+            return False
+        i = self.cores.index(self.knee)
+        return any(self.windows[j] < 2 for j in range(max(0, i - 1), i + 1))
 
 
 def monotone_fit(figures: Sequence[float], weights: Sequence[float]) -> np.ndarray:

@@ -65,6 +65,16 @@ def test_same_windows_and_seed_give_the_same_answer_and_bad_input_is_named():
     assert one.knee == 4 and "only core count" in one.sentence()
 
 
+def test_one_window_per_core_count_is_said():
+    """With one window at the knee or below it, no draw of windows is possible: the sentence says the interval
+    leaves out window-to-window noise."""
+    single = estimate_knee(_windows({1: 1.0, 2: 0.5, 4: 0.49}, k=1), n_boot=100)
+    assert single.knee == 2 and single.single_windows
+    assert single.sentence().endswith("(one window at the knee or below it: the interval leaves out "
+                                      "window-to-window noise)")
+    assert not estimate_knee(_windows({1: 1.0, 2: 0.5, 4: 0.49}, k=2), n_boot=100).single_windows
+
+
 @pytest.mark.parametrize("stat", ["mean", "p50", "p90", "trimmed", "geomean"])
 def test_every_statistic_gives_the_figure_it_names(stat):
     a = np.array([0.1, 0.2, 0.3, 0.4, 1.0, 0.25, 0.35, 0.15, 0.45, 0.5])
