@@ -111,7 +111,10 @@ def test_report_from_mlflow_is_written_and_logged_to_the_parent_run(server: str,
     assert "TTFT &lt;= 0.1 s and TPOT &lt;= 0.05 s (from the command line and the sweep&#x27;s slo)" in page
     assert "<script" not in page and "not recorded" in page  # no GPU utilisation on these trials
     pngs = {p.name for p in (folder / "plots").glob("*.png")}
-    assert pngs == {"config-1-ttft.png", "config-1-side.png", "config-1-goodput.png", "heatmap.png"}
+    assert pngs == {"config-1-ttft.png", "config-1-side.png", "config-1-goodput.png", "config-1-knee.png", "heatmap.png"}
+    knee = pd.read_csv(folder / "knee.csv").iloc[0]  # the knee from every window's requests; 1 core timed out
+    assert knee["cores"] == "2 4" and knee["statistic"] == "mean" and knee["low"] <= knee["knee"] <= knee["high"]
+    assert f"knee with its interval (mean TTFT of every window), {knee['configuration']}: {knee['sentence']}" in res.output
 
     agg = pd.read_csv(folder / "aggregated.csv").set_index("cores")
     for cores in (2, 4):
@@ -131,7 +134,8 @@ def test_report_from_mlflow_is_written_and_logged_to_the_parent_run(server: str,
     assert f"report logged to MLflow run {parent.info.run_id}" in res.output
     arts = _artifacts(client, parent.info.run_id, "report")
     assert {"report/index.html", "report/aggregated.csv", "report/heatmap.csv", "report/trials.csv",
-            "report/plots/heatmap.png", "report/plots/config-1-ttft.png"} <= arts
+            "report/knee.csv", "report/plots/heatmap.png", "report/plots/config-1-ttft.png",
+            "report/plots/config-1-knee.png"} <= arts
     remote = client.download_artifacts(parent.info.run_id, "report/aggregated.csv", str(tmp_path))
     assert Path(remote).read_bytes() == (folder / "aggregated.csv").read_bytes()
 
