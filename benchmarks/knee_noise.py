@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.observe.analysis.knee import STATISTICS, estimate_knee, statistic
+from orchestrator.observe.report.tables import ttft_values
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet"
@@ -37,9 +38,10 @@ N_SE = 300
 
 
 def load(path: Path) -> pd.DataFrame:
+    """The ok requests with a first token, and their TTFT as the report reads it (``tables.ttft_values``)."""
     d = pd.read_parquet(path)
-    d = d[d["status"] == "ok"].copy()
-    d["ttft"] = (d["first_token_ns"] - d["sent_ns"]) / 1e9
+    d = d[(d["status"] == "ok") & d["first_token_ns"].notna()].copy()
+    d["ttft"] = ttft_values(d)
     return d
 
 

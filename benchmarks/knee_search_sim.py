@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.observe.analysis.knee import estimate_knee
+from orchestrator.observe.report.tables import ttft_values
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet"
@@ -35,11 +36,9 @@ N_BOOT = 200
 
 
 def real_windows(path: Path) -> dict[int, list[np.ndarray]]:
+    """Per core count, each window's TTFTs as the report reads them (``tables.ttft_values``)."""
     d = pd.read_parquet(path)
-    d = d[d["status"] == "ok"]
-    ttft = (d["first_token_ns"] - d["sent_ns"]) / 1e9
-    d = d.assign(ttft=ttft)
-    return {int(c): [g["ttft"].to_numpy() for _, g in cg.groupby("trial_id")] for c, cg in d.groupby("cores")}
+    return {int(c): [ttft_values(g) for _, g in cg.groupby("trial_id")] for c, cg in d.groupby("cores")}
 
 
 class Replay:

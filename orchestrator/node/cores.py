@@ -66,6 +66,11 @@ NODE_CPUS_ENV = "ORCH_NODE_CPUS"
 HOUSEKEEPING_ENV = "ORCH_HOUSEKEEPING_CPUS"
 
 
+def housekeeping_cpus() -> frozenset[int]:
+    """The cores the placement hands out last: ``ORCH_HOUSEKEEPING_CPUS`` (a cpulist), else core 0."""
+    return parse_cpulist(os.environ.get(HOUSEKEEPING_ENV) or "0")
+
+
 @dataclass(frozen=True)
 class NodeTopology:
     """The cores this process may use on this node, grouped by NUMA node, and each GPU's NUMA node.
@@ -113,9 +118,8 @@ class NodeTopology:
         covered = frozenset(c for cs in numa.values() for c in cs)
         if not numa or covered != usable:  # sysfs missing or odd: one node is the honest fallback
             numa = {0: tuple(sorted(usable))}
-        housekeeping = parse_cpulist(os.environ.get(HOUSEKEEPING_ENV) or "0")
         return cls(cpus=tuple(sorted(usable)), numa=numa, gpu_numa=_detect_gpu_numa(sysfs), cpu_model=_cpu_model(),
-                   housekeeping=housekeeping)
+                   housekeeping=housekeeping_cpus())
 
     def node_of(self, cpu: int) -> int:
         for node, cpus in self.numa.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.node.cores import HOUSEKEEPING_ENV, parse_cpulist
+from orchestrator.node.cores import housekeeping_cpus
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, SweepSpec, VllmVariant
 from orchestrator.values.trial import TrialSpec
 
@@ -23,7 +23,7 @@ NODE = sorted(os.sched_getaffinity(0))
 # The product's own placement (orchestrator.node.cores): the housekeeping cores last. `make test`'s second
 # lane names another housekeeping core (tests/lanes.py), so its replicas go on core 0 and the first lane's
 # on the last core.
-_HOUSEKEEPING = parse_cpulist(os.environ.get(HOUSEKEEPING_ENV) or "0")
+_HOUSEKEEPING = housekeeping_cpus()
 LAST_CORE = frozenset([([c for c in NODE if c not in _HOUSEKEEPING] or NODE)[-1]])
 CLIENT_CORES = set(NODE) - LAST_CORE or set(NODE)
 EAGER = {"name": "eager", "args": ["--enforce-eager"]}

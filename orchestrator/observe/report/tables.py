@@ -88,6 +88,11 @@ def ttft_values(records: pd.DataFrame) -> np.ndarray:
     return ((ok["first_token_ns"].astype("int64") - ok["sent_ns"].astype("int64")) / 1e9).to_numpy(np.float64)
 
 
+def _window_ttfts(trial_ids: Sequence[str], records: Mapping[str, pd.DataFrame]) -> list[np.ndarray]:
+    """Each trial's (window's) ok TTFTs, for the trials that have records: what the intervals resample."""
+    return [ttft_values(records[t]) for t in trial_ids if t in records]
+
+
 def _slo_view(records: pd.DataFrame) -> list[Any]:
     """The records as ``RequestRecord`` values holding only what goodput and the window's span read (status,
     scheduled/sent/first-token/end times, completion tokens); the rest is left empty. Four times faster than
@@ -152,7 +157,7 @@ def aggregated_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], 
     for _, row in table.iterrows():
         ids = [t for t in str(row["trials"]).split(",") if t in per_trial.index]
         done = [t for t in ids if per_trial.at[t, "status"] == "COMPLETED"]
-        samples = [ttft_values(records[t]) for t in done if t in records]
+        samples = _window_ttfts(done, records)
         key = "|".join(str(row[c]) for c in (*CONFIG, "cores"))
         ci = stats.bootstrap_quantiles(samples, QUANTILES, n_boot=opts.n_boot, level=opts.level,
                                        seed=stats.cell_seed(opts.seed, key))
@@ -182,8 +187,8 @@ def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame],
         rate = row.get("timeout_rate")
         if pd.isna(row.get("ttft_p50_s")) or (pd.notna(rate) and rate > TIMEOUT_MAJORITY):
             continue
-        done = [t for t in str(row["trials"]).split(",") if t in records and status.get(t) == "COMPLETED"]
-        windows = [v for v in (ttft_values(records[t]) for t in done) if len(v)]
+        done = [t for t in str(row["trials"]).split(",") if status.get(t) == "COMPLETED"]
+        windows = [v for v in _window_ttfts(done, records) if len(v)]
         if windows:
             out[int(row["cores"])] = windows
     return out
