@@ -35,6 +35,7 @@ from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, W
 from orchestrator.node.actors import profile_delay
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.restrict import Verification
+from orchestrator.observe.time_use import STEP
 from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
                                           sessions_of, summarize_trial)
 from orchestrator.values.trial import TrialSpec
@@ -121,6 +122,8 @@ class WindowSequence:
         return out
 
     def _enter(self, step: str) -> None:
+        if step != self.step:
+            self.w.mark(STEP + step)  # the lease's idle time is split by the step it was spent in
         self.step = step
         if self.on_step is not None:
             self.on_step(step)
@@ -234,6 +237,7 @@ class WindowSequence:
                 references: dict[str, BareRun | NodeError], ref_load: dict[str, dict[str, float]],
                 params: dict[str, Any], warnings: list[str], started: float) -> TrialResult:
         w, trial, up = self.w, self.w.trial, self.w.up
+        self._enter("result")
         warnings.extend(run.warnings)
         if params.get("prefix_cache_reset") is False:
             warnings.append("the prefix cache could not be reset before the window: it did not start empty")

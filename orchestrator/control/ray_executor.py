@@ -55,7 +55,7 @@ from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, N
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
 from orchestrator.values.wire import CoreGrant, NodeError, ReplicaUp
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
-from orchestrator.observe.time_use import timeline_from_events
+from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import replica_key, start_key
 
@@ -370,6 +370,7 @@ class RayTrialExecutor:
         measurement sequence (:class:`~orchestrator.control.measure.WindowSequence`)."""
         shared = trial.start != "repin" and lease.started  # a later window of a shared start
         lease.trial = trial.trial_id
+        lease.mark(STEP + "cores")
         alloc = lease.alloc if shared else self._allocate(trial, lease)
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         # sized: the replica starts on every allocated core and is pinned to the first trial.cores of them
@@ -397,6 +398,7 @@ class RayTrialExecutor:
             params["start_shared_with"] = lease.owners[0]
         if params.get("repinned"):
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
+        lease.mark(STEP + "client")
         workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
         try:
             window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=workload, up=up, alloc=alloc,
@@ -445,6 +447,7 @@ class _Lane:
                 lease = ex.open_lease(trial, key, ex.lease_cores(trial), attempt=attempt)
             facts = lease.facts
             result = ex.measure(trial, tdir, lease, started)
+            lease.mark(STEP + "next")  # until the next trial's first step: the controller, the writer
             ok = result.ok
             if not ok:  # measured, then failed (the server died in the window, a thread escaped its cores)
                 (tdir / "error.txt").write_text(f"{result.error_kind.value}: {result.message}\n")

@@ -12,6 +12,13 @@ start. Its held time is cut into phases, each moment counted once:
 - ``teardown``: the stop was requested until the replica was gone;
 - ``idle``: held and none of the above (core allocation, checks, results between windows).
 
+Idle time is split further by what the executor was doing then: the last *step* it entered before
+the moment (a ``step:<name>`` event: ``prepare`` builds the window's text, ``reset`` empties the prefix
+cache, ``scrape`` ends the window's telemetry, ``verify`` re-reads every thread's cores, ``finish``
+hands the records back, ``result`` builds the trial's result and ``next`` runs from the executor's
+return to the next trial's first step: the controller and writer). The ``<unit>_idle_in_<step>_s``
+figures add up to ``<unit>_idle_s``; the moments before the first step are ``idle_in_other``.
+
 Where two spans overlap, the moment goes to the first of ``window, crosscheck, warmup, starting,
 teardown``. Across leases the time is weighted by what the lease holds: GPU-seconds, a lease's held
 time times its GPUs; a CPU-only lease (0 GPUs) counts its cores instead, in core-seconds, and the two
@@ -29,6 +36,7 @@ PRIORITY = ("window", "crosscheck", "warmup", "starting", "teardown")  # who get
 # Event names for ``timeline_from_events``: what each begins or ends.
 BEGINS = {"start": "starting", "repin": "starting", "warmup": "warmup", "window": "window",
           "crosscheck": "crosscheck", "stop": "teardown"}
+STEP = "step:"  # ``step:<name>``: the executor entered a step (what the idle time after it is spent on)
 ENDS = {"ready": "starting", "repinned": "starting", "start_failed": "starting", "warmup_end": "warmup",
         "window_end": "window", "crosscheck_end": "crosscheck", "stopped": "teardown"}
 
@@ -59,6 +67,7 @@ class LeaseTimeline:
     cores: int = 0
     spans: tuple[Span, ...] = ()
     node: str = ""
+    steps: tuple[tuple[str, float], ...] = ()  # (step, entered at), in order: what the idle time was spent on
 
     def __post_init__(self) -> None:
         if self.held_to < self.held_from:
@@ -86,6 +95,7 @@ class LeaseShare:
     weight: int
     held_s: float
     phases: dict[str, float]
+    idle: dict[str, float] = field(default_factory=dict)  # idle seconds by step (add up to phases["idle"])
 
     @property
     def window_share(self) -> float | None:
@@ -101,6 +111,7 @@ class UnitShare:
     leases: int
     held: float
     phases: dict[str, float] = field(default_factory=dict)
+    idle: dict[str, float] = field(default_factory=dict)  # weighted idle seconds by step
 
     @property
     def window_share(self) -> float | None:
@@ -108,36 +119,61 @@ class UnitShare:
         return self.phases["window"] / self.held if self.held > 0 else None
 
 
+def _pieces(t: LeaseTimeline) -> list[tuple[str, float, float]]:
+    """The held time cut into ``(phase, from, to)`` pieces: spans clipped to the held time, a moment in
+    several spans given to the first in ``PRIORITY``, what no span covers ``idle``; step entries cut too."""
+    lo, hi = t.held_from, t.held_to
+    spans = [(s.phase, max(lo, s.start), min(hi, s.end)) for s in t.spans]
+    spans = [s for s in spans if s[2] > s[1]]
+    steps = [at for _, at in t.steps if lo < at < hi]
+    cuts = sorted({lo, hi, *(s[1] for s in spans), *(s[2] for s in spans), *steps})
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        covering = [p for p, s, e in spans if s <= a and e >= b]
+        out.append((min(covering, key=PRIORITY.index) if covering else "idle", a, b))
+    return out
+
+
 def phase_seconds(t: LeaseTimeline) -> dict[str, float]:
     """Seconds of each phase within the lease's held time; they add up to the held time.
 
     Spans are clipped to the held time; a moment in several spans goes to the first in ``PRIORITY``;
     what no span covers is ``idle``."""
-    lo, hi = t.held_from, t.held_to
-    spans = [(s.phase, max(lo, s.start), min(hi, s.end)) for s in t.spans]
-    spans = [s for s in spans if s[2] > s[1]]
-    cuts = sorted({lo, hi, *(s[1] for s in spans), *(s[2] for s in spans)})
     out = dict.fromkeys(PHASES, 0.0)
-    for a, b in zip(cuts, cuts[1:]):
-        covering = [p for p, s, e in spans if s <= a and e >= b]
-        out[min(covering, key=PRIORITY.index) if covering else "idle"] += b - a
+    for phase, a, b in _pieces(t):
+        out[phase] += b - a
+    return out
+
+
+def idle_seconds(t: LeaseTimeline) -> dict[str, float]:
+    """The lease's idle seconds by the step the executor had last entered (``other`` before any); they add
+    up to :func:`phase_seconds`'s ``idle``."""
+    out: dict[str, float] = {}
+    for phase, a, b in _pieces(t):
+        if phase != "idle":
+            continue
+        entered = [name for name, at in t.steps if at <= a]
+        step = entered[-1] if entered else "other"
+        out[step] = out.get(step, 0.0) + b - a
     return out
 
 
 def lease_share(t: LeaseTimeline) -> LeaseShare:
     """The lease's phases and window share."""
-    return LeaseShare(t.lease, t.node, t.unit, t.weight, t.held_to - t.held_from, phase_seconds(t))
+    return LeaseShare(t.lease, t.node, t.unit, t.weight, t.held_to - t.held_from, phase_seconds(t), idle_seconds(t))
 
 
 def unit_shares(timelines: Iterable[LeaseTimeline]) -> dict[str, UnitShare]:
     """The whole sweep, per unit (``gpu``, ``core``): weighted held time by phase and the window share."""
-    acc: dict[str, tuple[int, float, dict[str, float]]] = {}
+    acc: dict[str, tuple[int, float, dict[str, float], dict[str, float]]] = {}
     for t in timelines:
         s = lease_share(t)
-        n, held, phases = acc.get(s.unit, (0, 0.0, dict.fromkeys(PHASES, 0.0)))
+        n, held, phases, idle = acc.get(s.unit, (0, 0.0, dict.fromkeys(PHASES, 0.0), {}))
+        for step, v in s.idle.items():
+            idle[step] = idle.get(step, 0.0) + v * s.weight
         acc[s.unit] = (n + 1, held + s.held_s * s.weight,
-                       {p: phases[p] + s.phases[p] * s.weight for p in PHASES})
-    return {u: UnitShare(u, n, held, phases) for u, (n, held, phases) in sorted(acc.items())}
+                       {p: phases[p] + s.phases[p] * s.weight for p in PHASES}, idle)
+    return {u: UnitShare(u, n, held, phases, idle) for u, (n, held, phases, idle) in sorted(acc.items())}
 
 
 def between_leases(timelines: Iterable[LeaseTimeline]) -> dict[str, float]:
@@ -168,6 +204,7 @@ def share_metrics(shares: dict[str, UnitShare], between: dict[str, float] | None
     for u, s in shares.items():
         out[f"{u}_held_s"] = round(s.held, 3)
         out.update({f"{u}_{p}_s": round(v, 3) for p, v in s.phases.items()})
+        out.update({f"{u}_idle_in_{step}_s": round(v, 3) for step, v in sorted(s.idle.items())})
         if s.window_share is not None:
             out[f"{u}_window_share"] = round(s.window_share, 4)
         if between is not None:
@@ -197,6 +234,10 @@ def describe_time_use(metrics: dict[str, float]) -> list[str]:
             line += (f"; {gap:.0f} {sec} more between leases on the same node, "
                      f"{metrics.get(f'{unit}_node_window_share', 0.0):.1%} inside windows counting them")
         out.append(line)
+        idle = sorted(((k[len(f"{unit}_idle_in_"):-2], v) for k, v in metrics.items()
+                       if k.startswith(f"{unit}_idle_in_") and k.endswith("_s") and v > 0), key=lambda kv: (-kv[1], kv[0]))
+        if idle:
+            out.append("  idle by step: " + ", ".join(f"{step} {v / held:.1%}" for step, v in idle))
     return out
 
 
@@ -207,14 +248,18 @@ def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpu
     Events come in pairs, one phase each: ``start``/``ready`` (starting), ``repin``/``repinned``,
     ``warmup``/``warmup_end``, ``window``/``window_end``, ``crosscheck``/``crosscheck_end``,
     ``stop``/``stopped`` (teardown). ``start_failed`` ends a start that never answered. A phase
-    still open at the next ``stop`` (or at the end) ends there. The lease is held from ``held_from``
-    (default: the first event) to ``held_to`` (default: the last)."""
+    still open at the next ``stop`` (or at the end) ends there. ``step:<name>`` events are the steps
+    idle time is split by. The lease is held from ``held_from`` (default: the first event) to
+    ``held_to`` (default: the last)."""
     if not events:
         raise ValueError(f"lease {lease}: no events")
     open_at: dict[str, float] = {}
     spans: list[Span] = []
+    steps: list[tuple[str, float]] = []
     for name, at in events:
-        if name in BEGINS:
+        if name.startswith(STEP):
+            steps.append((name[len(STEP):], at))
+        elif name in BEGINS:
             if name == "stop":
                 spans += [Span(p, s, at) for p, s in open_at.items()]
                 open_at.clear()
@@ -227,9 +272,10 @@ def timeline_from_events(lease: str, events: Sequence[tuple[str, float]], *, gpu
     last = events[-1][1] if held_to is None else held_to
     spans += [Span(p, s, max(s, last)) for p, s in open_at.items()]
     first = events[0][1] if held_from is None else held_from
-    return LeaseTimeline(lease, first, last, gpus, cores, tuple(sorted(spans, key=lambda s: s.start)), node)
+    return LeaseTimeline(lease, first, last, gpus, cores, tuple(sorted(spans, key=lambda s: s.start)), node,
+                         tuple(steps))
 
 
 __all__ = ["BEGINS", "ENDS", "PHASES", "PRIORITY", "LeaseShare", "between_leases", "LeaseTimeline", "Span", "UnitShare", "describe_time_use",
-           "lease_share",
+           "idle_seconds", "lease_share", "STEP",
            "phase_seconds", "share_metrics", "timeline_from_events", "unit_shares"]

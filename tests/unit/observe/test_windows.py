@@ -63,7 +63,8 @@ def test_share_metrics_are_labelled_by_unit() -> None:
     assert m["gpu_held_s"] == 710 and m["gpu_window_s"] == 92 and m["gpu_window_share"] == round(92 / 710, 4)
     assert m["core_held_s"] == 400 and m["core_window_share"] == 0.3 and m["core_starting_s"] == 240
     assert set(m) == {f"{u}_{p}_s" for u in ("gpu", "core") for p in PHASES} | {
-        "gpu_held_s", "core_held_s", "gpu_window_share", "core_window_share"}
+        "gpu_held_s", "core_held_s", "gpu_window_share", "core_window_share", "gpu_idle_in_other_s"}
+    assert m["gpu_idle_in_other_s"] == m["gpu_idle_s"]  # no step events: all of it before any step
 
 
 def test_overlapping_spans_count_once_by_priority_and_are_clipped() -> None:
@@ -122,3 +123,28 @@ def test_between_leases_counts_a_nodes_gaps_weighted_by_the_next_lease() -> None
 
     assert "4 GPU-s more between leases" in describe_time_use(figures)[0]
     assert between_leases([]) == {}
+
+
+def test_idle_time_is_split_by_the_step_it_was_spent_in() -> None:
+    """A re-pinned pair of windows worked out by hand: held 0-100; start 0-20; idle 20-25 in ``prepare``
+    (entered at 20), 25-26 in ``reset``; window 26-46; idle 46-50 in ``scrape`` (entered in the window at
+    46), 50-53 in ``next`` (the hand-off), then the re-pin 53-55, idle 55-56 in ``reset``, window 56-76,
+    idle 76-90 in ``scrape`` (the step started before the idle time does not move it), teardown 90-100."""
+    from orchestrator.observe.time_use import describe_time_use, idle_seconds
+
+    t = timeline_from_events("r", [("start", 0), ("ready", 20), ("step:prepare", 20), ("step:reset", 25),
+                                   ("window", 26), ("step:scrape", 46), ("window_end", 46), ("step:next", 50),
+                                   ("repin", 53), ("repinned", 55), ("step:reset", 55), ("window", 56),
+                                   ("step:scrape", 70), ("window_end", 76), ("stop", 90), ("stopped", 100)],
+                             gpus=1)
+    assert idle_seconds(t) == pytest.approx({"prepare": 5.0, "reset": 2.0, "scrape": 18.0, "next": 3.0})
+    assert sum(idle_seconds(t).values()) == pytest.approx(phase_seconds(t)["idle"])
+    assert phase_seconds(t)["window"] == pytest.approx(40.0)  # steps cut the time, never move it
+    before = LeaseTimeline("b", 0.0, 10.0, gpus=1, spans=(Span("window", 4.0, 8.0),), steps=(("reset", 6.0),))
+    assert idle_seconds(before) == pytest.approx({"other": 4.0, "reset": 2.0})
+    figures = share_metrics(unit_shares([t, before]))
+    assert figures["gpu_idle_in_scrape_s"] == pytest.approx(18.0)
+    assert figures["gpu_idle_in_other_s"] == pytest.approx(4.0)
+    assert sum(v for k, v in figures.items() if k.startswith("gpu_idle_in_")) == pytest.approx(figures["gpu_idle_s"])
+    lines = describe_time_use(figures)  # of 110 GPU-s held
+    assert lines[1] == "  idle by step: scrape 16.4%, prepare 4.5%, other 3.6%, reset 3.6%, next 2.7%"
