@@ -11,7 +11,7 @@ grid of the same replay. Per design and seed: does it name the reference's knee 
 step), is it settled, and do two independent runs of it agree within one step; its windows against the
 3-repeat grid's 21.
 
-The search (:func:`next_cores`): measure the most and the fewest cores (one window each), then bisect on
+The search (:func:`orchestrator.plan.knee_search.next_cores`, the product's own decision): measure the most and the fewest cores (one window each), then bisect on
 the knee the estimate names, between it and the largest measured core count below it; once those two are
 neighbours in the grid, add a window where the interval is (the core counts inside it and the most cores,
 the one with fewest windows first, at most ``max_windows`` each) until the knee is settled and bracketed.
@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.observe.analysis.knee import estimate_knee
+from orchestrator.plan.knee_search import next_cores as decide
 from orchestrator.observe.report.tables import ttft_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,26 +60,9 @@ def grid(replay: Replay, allowed: list[int], repeats: int, seed: int):
 
 
 def next_cores(allowed: list[int], windows: dict[int, list[np.ndarray]], est, max_windows: int) -> int | None:
-    """The next core count to measure, or None when the knee is settled and bracketed (or the budget is spent)."""
-    if allowed[-1] not in windows:
-        return allowed[-1]
-    if allowed[0] not in windows:
-        return allowed[0]
-    i = allowed.index(est.knee)
-    below = [c for c in windows if c < est.knee]
-    if below:
-        j = allowed.index(max(below))
-        if i - j > 1:
-            return allowed[(i + j) // 2]
-    lo, hi = allowed.index(est.low), allowed.index(est.high)
-    if hi - lo <= 1 and (i == 0 or allowed[i - 1] in windows):
-        return None
-    wanted = sorted({c for c in windows if est.low <= c <= est.high} | {allowed[-1]} |
-                    ({max(below)} if below else set()))
-    room = [c for c in wanted if len(windows[c]) < max_windows]
-    if not room:
-        return None
-    return min(room, key=lambda c: (len(windows[c]), c != est.knee))
+    """The next core count to measure, or None when the search stops: the product's decision
+    (:func:`orchestrator.plan.knee_search.next_cores`)."""
+    return decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows).cores
 
 
 def search(replay: Replay, allowed: list[int], seed: int, max_windows: int = 4):

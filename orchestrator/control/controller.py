@@ -40,6 +40,15 @@ is told to ``on_phase(trial_id, phase)``, for a live display: the executor tells
 (``executor.on_phase``), the writer tells ``writing``. :func:`notify_phase` makes every such call:
 a display that raises is logged and never fails a trial.
 
+**A knee search** (``search: knee``) runs a subset of the plan: per configuration, in the order they
+first appear, one trial at a time on the executor itself (no lanes), each chosen by
+:class:`orchestrator.control.search.ConfigSearch` from every finished trial of that configuration: this
+run's, and the ones ``finished()`` names, read back through ``history()`` (trial id -> ``SearchTrial``).
+A chosen trial records why (``search_reason``, ``search_step`` params). The search of a configuration
+ends when its knee is settled or its budget is spent; ``outcomes`` says how each ended. Trials never
+chosen stay ``PENDING``, they are not failures; once every search has ended, ``on_sweep_end`` gets the plan
+of the trials the searches ran (so the tracker calls the sweep complete), after an interrupt the whole plan.
+
 An interrupt (Ctrl-C, or SIGTERM turned into one by the cli) still ends the sweep for the
 observers: the lanes are told to stop (``executor.cancel()`` ends what is in flight) and
 ``run()`` waits up to ``lane_grace_s`` for them to return their trials; the writer writes what is
@@ -60,13 +69,14 @@ import threading
 import time
 from collections import deque
 from queue import SimpleQueue
-from typing import Any, Callable, Iterable, Literal, Protocol
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 from orchestrator.values.callbacks import Callback, CallbackList
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import chains
 from orchestrator.values.results import ErrorKind, TrialResult
 from orchestrator.control.trial import Trial, TrialState
+from orchestrator.control.search import ConfigSearch, Outcome, SearchTrial, configurations, from_result
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +243,8 @@ class SweepController:
                  max_concurrent: int | None = None,
                  on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None,
                  on_phase: PhaseHook | None = None, lane_grace_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 history: Callable[[], Mapping[str, SearchTrial]] = dict) -> None:
         self.plan = plan
         self.executor = executor
         self.observers = CallbackList(observers)
@@ -244,6 +255,8 @@ class SweepController:
         self.on_phase = on_phase  # told "writing" when the writer takes a trial's result
         self.lane_grace_s = lane_grace_s  # after an interrupt: how long run() waits for the lanes to return
         self.clock = clock  # for write_s and write_wait_s
+        self.history = history  # a knee search's finished trials of earlier runs (see the module docstring)
+        self.outcomes: list[Outcome] = []  # how each configuration's knee search ended
         self.trials = {t.trial_id: Trial(t.trial_id) for t in plan.trials}
         self.lanes_used = 0
         self.write_s: list[float] = []  # seconds per on_trial_result call (all observers), in the writer
@@ -251,6 +264,7 @@ class SweepController:
         self._writer: _Writer | None = None
         self._producers = _Producers(lambda: None)
         self._end_results: list[TrialResult] | None = None  # set when the sweep's end is due
+        self._end_plan: SweepPlan | None = None  # what on_sweep_end gets, when not the plan (a search's end)
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ the sweep
@@ -259,6 +273,8 @@ class SweepController:
         results: list[TrialResult] = []
         self.write_s, self.write_wait_s = [], 0.0
         self._end_results = None
+        self._end_plan = None
+        self.outcomes = []
         self._producers = _Producers(self._close_writer)
         self._writer = _Writer()
         try:
@@ -271,6 +287,10 @@ class SweepController:
                         self._progress(self.trials[spec.trial_id], spec, None)
                     else:
                         todo.append(spec)
+                if self.plan.spec.search.kind == "knee":
+                    self._run_search(done_before, results)
+                    self._end_sweep(results)
+                    return results
                 groups = chains(todo)
                 lanes = self._lanes(todo, len(groups))
                 self.lanes_used = lanes
@@ -296,12 +316,13 @@ class SweepController:
     def _close_writer(self) -> None:
         """Called once, by the last producer to finish: queue the end (if due) behind every write, close the writer."""
         results = self._end_results
+        plan = self._end_plan or self.plan
         if results is not None:
             queued = self.clock()
 
             def sweep_end() -> None:
                 self.write_wait_s = self.clock() - queued
-                self.observers.on_sweep_end(self.plan, list(results))  # nobody appends any more
+                self.observers.on_sweep_end(plan, list(results))  # nobody appends any more
 
             self._submit(sweep_end)
         assert self._writer is not None
@@ -388,6 +409,31 @@ class SweepController:
                 self._result(trial, spec, result)
                 results.append(result)
 
+    # ------------------------------------------------------------------ a knee search
+    def _run_search(self, done_before: set[str], results: list[TrialResult]) -> None:
+        """Each configuration's search, one trial at a time (see the module docstring)."""
+        history = self.history() if done_before else {}
+        ran: set[str] = set()
+        for group in configurations(self.plan.trials):
+            search = ConfigSearch(group, self.plan.spec)
+            # A finished trial whose history could not be read counts as run, without a window.
+            done = [history.get(t.trial_id) or SearchTrial(t.trial_id, t.cores, completed=False)
+                    for t in group if t.trial_id in done_before]
+            while (choice := search.choose(done)).trial is not None:
+                spec = choice.trial
+                assert choice.reason is not None
+                lane = _Recording(self.executor, search.params(choice.reason, len(done) + 1))
+                result = self._run_one(self.trials[spec.trial_id], spec, lane)
+                results.append(result)
+                done.append(from_result(spec, result))
+            assert choice.stop is not None
+            outcome = Outcome(search.label, choice.stop, len(done), sum(t.gpu_seconds for t in done), choice.estimate,
+                              group[0].gpus)
+            self.outcomes.append(outcome)
+            log.info("%s", outcome.line())
+            ran |= {t.trial_id for t in done}
+        self._end_plan = self.plan.model_copy(update={"trials": tuple(t for t in self.plan.trials if t.trial_id in ran)})
+
     # ------------------------------------------------------------------ one trial
     def _run_one(self, trial: Trial, spec: TrialSpec, lane: Lane) -> TrialResult:
         while True:
@@ -443,6 +489,17 @@ class SweepController:
             self.on_progress(trial, spec, result)
         except Exception:  # noqa: BLE001
             log.exception("progress callback failed for trial %s", spec.trial_id)
+
+
+class _Recording:
+    """A lane whose results also carry ``params`` (a search's why and step), for the tracker."""
+
+    def __init__(self, lane: Lane, params: dict[str, str]) -> None:
+        self.lane, self.params = lane, params
+
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
+        result = self.lane.execute(trial, attempt=attempt)
+        return dataclasses.replace(result, params={**result.params, **self.params})
 
 
 def _snapshot(trial: Trial) -> Trial:

@@ -159,12 +159,15 @@ def sweep_payload(plan: SweepPlan, *, experiment: str, git_commit: str | None,
     if spec.description:
         tags["mlflow.note.content"] = spec.description[:MAX_TAG_LEN]
     params = {
-        "trials_planned": len(plan.trials), "repeats": spec.repeats, "max_failures": spec.max_failures,
+        "trials_planned": len(plan.trials), "max_failures": spec.max_failures,
+        "repeats": spec.repeats if isinstance(spec.repeats, int) else spec.repeats.model_dump(),
         "models": [m.name for m in spec.models], "workloads": [w.name for w in spec.workloads],
         "cores": list(spec.grid.cores), "gpus": list(spec.grid.gpus), "hardware": list(spec.grid.hardware),
         "restriction": list(spec.grid.restriction), "start": list(spec.grid.start),
         "vllm_variants": [v.name for v in spec.grid.vllm],
     }
+    if spec.search.kind != "grid":  # a grid's parent params stay as they were
+        params["search"] = spec.search.model_dump(exclude_none=True)
     plan_rows = [{"trial_id": t.trial_id, "run_name": run_name(t), **t.factors()} for t in plan.trials]
     return {
         "version": FORMAT_VERSION, "sweep": spec.name, "experiment": experiment, "tags": tags,

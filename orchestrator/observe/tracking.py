@@ -380,6 +380,26 @@ class MlflowTracker(Callback):
             upload_trial(self.client, self._exp_id, self._parent_id, entry, max_series_points=self.max_series_points)
             outbox.discard(entry.path)
 
+    def tag_sweep(self, sweep: str, tags: Mapping[str, str]) -> bool:
+        """Set ``tags`` on the sweep's parent run (a knee search's stop reason and knee); False when it could
+        not (MLflow unreachable, no parent yet, an error: logged), never raises."""
+        with self._lock:
+            if not self._up():
+                log.warning("MLflow at %s is unreachable: sweep %s's tags %s not set", self.tracking_uri, sweep,
+                            ", ".join(tags))
+                return False
+            try:
+                exp = self.client.get_experiment_by_name(self._experiment_name(sweep))
+                parent = _find_parent(self.client, exp.experiment_id, sweep) if exp is not None else None
+                if parent is None:
+                    log.warning("sweep %s has no parent run in MLflow: tags %s not set", sweep, ", ".join(tags))
+                    return False
+                self.client.log_batch(parent, tags=[RunTag(k, str(v)[:outbox.MAX_TAG_LEN]) for k, v in tags.items()])
+            except Exception as exc:  # noqa: BLE001 (tracking trouble never fails a sweep)
+                log.warning("MLflow: could not tag sweep %s: %s", sweep, exc)
+                return False
+        return True
+
     # -- queries -------------------------------------------------------------------------
     def finished_trial_ids(self, sweep: str) -> set[str]:
         """trial_ids with a FINISHED run on the server, plus FINISHED results waiting in the outbox.

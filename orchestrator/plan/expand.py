@@ -58,10 +58,10 @@ def expand(spec: SweepSpec) -> SweepPlan:
         core_counts = _cores_for(start, g.start, g.cores, g.calibrate)
         if spec.protocol.share_start and start != "repin":
             # One start per core count serves its windows: repeat-major, workloads alternating.
-            for cores, repeat, workload in itertools.product(core_counts, range(spec.repeats), spec.workloads):
+            for cores, repeat, workload in itertools.product(core_counts, range(spec.repeat_count), spec.workloads):
                 trials.append(trial(*base, workload, start, restriction, repeat, cores))
         else:
-            for workload, repeat, cores in itertools.product(spec.workloads, range(spec.repeats), core_counts):
+            for workload, repeat, cores in itertools.product(spec.workloads, range(spec.repeat_count), core_counts):
                 trials.append(trial(*base, workload, start, restriction, repeat, cores))
     if spec.protocol.order == "shuffled":
         trials = shuffled(trials, spec.protocol.seed)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 from orchestrator.values.shapes import SHAPES
 from workloads.spec import WorkloadSpec
@@ -340,6 +341,56 @@ class ClientSpec(_Strict):
         "a small node.")
 
 
+class RepeatsSpec(_Strict):
+    """Windows per core count of a knee search (``search: knee``): at least ``min`` at every core count it
+    measures, at most ``max``; ``until_ci`` stops adding windows at a core count whose figure is already
+    known that closely. The candidates are the repeats ``0 .. max-1`` of the grid."""
+
+    min: int = Field(default=1, ge=1, le=100, description="Windows every measured core count gets before the "
+                                                          "search goes on (1: the search decides them all).")
+    max: int = Field(default=3, ge=1, le=100, description="Most windows (repeats) at one core count; the grid "
+                                                          "behind the search has this many repeats.")
+    until_ci: float = Field(
+        default=0.0, ge=0, le=10,
+        description="A core count whose windows' figures (mean TTFT) have a 90% interval of at most +-this share "
+                    "gets no more windows (it needs two). 0: off; windows go on up to max while the knee is not "
+                    "settled.")
+
+    @model_validator(mode="after")
+    def _order(self) -> "RepeatsSpec":
+        if self.min > self.max:
+            raise ValueError(f"repeats.min ({self.min}) is more than repeats.max ({self.max})")
+        return self
+
+
+class SearchSpec(_Strict):
+    """Which trials of the grid run: all of them (``grid``), or the ones a knee search picks (``knee``)."""
+
+    kind: Literal["grid", "knee"] = Field(
+        default="grid",
+        description="grid: every trial of the grid. knee: per configuration (everything but cores and repeat), "
+                    "one trial at a time: the most cores, the fewest, then bisection on the knee the report's "
+                    "estimate names, then more windows where its interval is, until the knee is settled and "
+                    "bracketed or a budget is spent (orchestrator.plan.knee_search). Its trials have the grid's "
+                    "trial ids; the ones not run are not failures.")
+    max_trials: int | None = Field(default=None, ge=1, le=100_000,
+                                   description="knee only: most trials one configuration's search runs.")
+    max_gpu_hours: float | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="knee only: most GPU-hours one configuration's search spends, counting each trial's held time "
+                    "(its end minus its start) times its GPUs (a CPU trial counts its time once).")
+
+    @model_validator(mode="after")
+    def _budgets_need_knee(self) -> "SearchSpec":
+        if self.kind == "grid" and (self.max_trials is not None or self.max_gpu_hours is not None):
+            raise ValueError("max_trials and max_gpu_hours apply to kind: knee only")
+        return self
+
+
+def _repeats_kind(v: Any) -> str:
+    return "policy" if isinstance(v, (dict, RepeatsSpec)) else "count"
+
+
 class SweepSpec(_Strict):
     """A whole sweep: models × grid × workloads × repeats."""
 
@@ -356,11 +407,19 @@ class SweepSpec(_Strict):
         default=None,
         description="Optional SLOs (ttft_s, tpot_s); each trial then records goodput_rps, the ok requests per second "
                     "that met them. Not part of a trial's identity.")
-    repeats: int = Field(
-        default_factory=lambda data: default_repeats(data["grid"].gpus) if "grid" in data else 1, ge=1, le=100,
+    repeats: Annotated[Union[Annotated[Annotated[int, Field(ge=1, le=100)], Tag("count")],
+                             Annotated[RepeatsSpec, Tag("policy")]],
+                       Discriminator(_repeats_kind)] = Field(
+        default_factory=lambda data: default_repeats(data["grid"].gpus) if "grid" in data else 1,
         description="Repeats of each combination. Left out: 3 when any trial has GPUs (a grid.gpus value above "
                     "0), so a GPU sweep's tables show how far its repeats agree; 1 for a CPU-only sweep. A value "
-                    "given is kept as written (repeats: 1 stays 1). `repeats_given` tells the two apart.")
+                    "given is kept as written (repeats: 1 stays 1). `repeats_given` tells the two apart. With "
+                    "search: knee also {min, max, until_ci} (RepeatsSpec); an int n there is {max: n}.")
+    search: SearchSpec = Field(
+        default_factory=SearchSpec, validate_default=True,
+        description="grid (the default: every trial) or knee (a search for the knee, one trial at a time per "
+                    "configuration); also {kind: knee, max_trials: N, max_gpu_hours: H}. Not part of a trial's "
+                    "identity: a grid and a search of one sweep share the trial ids of the same (cores, repeat).")
     max_failures: int = Field(default=0, ge=0, le=10, description="Retries of a trial after a retryable failure "
                                                                    "(on another node when there is one).")
     max_concurrent_trials: int | None = Field(
@@ -383,6 +442,31 @@ class SweepSpec(_Strict):
             raise ValueError(f"names must be unique, repeated: {dup}")
         return v
 
+    @field_validator("search", mode="before")
+    @classmethod
+    def _search_word(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
+    @field_validator("search")
+    @classmethod
+    def _search_fits(cls, v: SearchSpec, info: ValidationInfo) -> SearchSpec:
+        grid, repeats = info.data.get("grid"), info.data.get("repeats")
+        if v.kind == "knee" and grid is not None and len(grid.cores) < 2:
+            raise ValueError(f"search: knee needs at least two core counts in grid.cores, got {list(grid.cores)}")
+        if v.kind == "grid" and isinstance(repeats, RepeatsSpec):
+            raise ValueError("repeats: {min, max, until_ci} applies to search: knee only; give an int for a grid")
+        return v
+
+    @property
+    def repeat_count(self) -> int:
+        """Repeats of each combination in the plan: ``repeats``, or a knee search's ``repeats.max``."""
+        return self.repeats.max if isinstance(self.repeats, RepeatsSpec) else self.repeats
+
+    @property
+    def repeat_policy(self) -> RepeatsSpec:
+        """A knee search's windows per core count; an int ``repeats: n`` is ``{min: 1, max: n}``."""
+        return self.repeats if isinstance(self.repeats, RepeatsSpec) else RepeatsSpec(min=1, max=self.repeats)
+
     @property
     def repeats_given(self) -> bool:
         """Whether the spec set ``repeats``; when not, it is :func:`default_repeats` of the grid."""
@@ -395,6 +479,8 @@ class SweepSpec(_Strict):
         out = handler(self)
         if not self.repeats_given:
             out.pop("repeats", None)
+        if self.search == SearchSpec():  # a grid's dumped spec stays as it was before the field existed
+            out.pop("search", None)
         return out
 
 
@@ -407,6 +493,6 @@ def default_repeats(gpus: Any) -> int:
     return GPU_REPEATS if any(g > 0 for g in gpus) else 1
 
 
-__all__ = ["ClientSpec", "GPU_REPEATS", "Grid", "GpuProfileSpec", "HubModel", "ModelSpec", "ProtocolSpec", "Restriction",
-           "ServerSpec", "ShapeModel", "SloSpec", "StacksSpec", "StartMode", "SweepSpec", "TelemetrySpec", "VllmVariant",
-           "default_repeats", "parse_bytes"]
+__all__ = ["ClientSpec", "GPU_REPEATS", "Grid", "GpuProfileSpec", "HubModel", "ModelSpec", "ProtocolSpec",
+           "RepeatsSpec", "Restriction", "SearchSpec", "ServerSpec", "ShapeModel", "SloSpec", "StacksSpec", "StartMode",
+           "SweepSpec", "TelemetrySpec", "VllmVariant", "default_repeats", "parse_bytes"]

@@ -20,6 +20,7 @@ CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "stack", "
           "start"]
 GROUP = [*CONFIG, "repeat"]  # one trial's identity apart from cores (the raw frames keep the repeat)
 SPREAD_WARN = 0.10
+SEARCH_PARAMS = ("search_reason", "search_step", "search_grid_cores")  # a knee search trial's params
 TIMEOUT_MAJORITY = 0.5
 COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
            "ttft_p99_s", "e2e_p50_s", "p50_spread", "spread_flag", "speedup_p50", "knee",
@@ -60,6 +61,9 @@ def trial_row(params: Mapping[str, Any], tags: Mapping[str, Any], metrics: Mappi
     row = {"trial_id": tags["trial_id"], **{k: params.get(k) for k in GROUP}, "cores": int(params.get("cores", 0)),
            "status": "COMPLETED" if finished else "FAILED", "error_kind": tags.get("error_kind", ""),
            **{k: v for k, v in metrics.items() if not str(k).startswith("ts/")}}
+    for k in SEARCH_PARAMS:  # a knee search's trial: why it ran, and when (orchestrator.control.search)
+        if params.get(k) is not None:
+            row[k] = params[k]
     row["api_servers"] = row.get("api_servers") or "1"  # runs from before the axis existed
     row["stack"] = row.get("stack") or "vllm"
     for k in ("gpus", "repeat", "api_servers"):
@@ -292,5 +296,5 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["ATTRIBUTION_PREFIXES", "CONFIG", "GROUP", "TIMEOUT_MAJORITY", "aggregate", "attribution_columns", "calibration", "comparison", "costs", "payloads_frame",
+__all__ = ["ATTRIBUTION_PREFIXES", "CONFIG", "GROUP", "SEARCH_PARAMS", "TIMEOUT_MAJORITY", "aggregate", "attribution_columns", "calibration", "comparison", "costs", "payloads_frame",
            "render", "results_frame", "runs_frame", "spread_warnings", "trial_row"]

@@ -68,6 +68,8 @@ class Page:
     time_use: Sequence[str] = ()  # orchestrator.observe.time_use.describe_time_use lines
     start_modes: pd.DataFrame | None = None  # orchestrator.observe.report.comparison.calibration: each start mode vs fresh
     references: pd.DataFrame | None = None  # orchestrator.observe.report.comparison.references: harness vs bare vs vllm bench
+    search: pd.DataFrame | None = None  # orchestrator.observe.report.search.why_table: a knee search's trials, why each
+    search_costs: pd.DataFrame | None = None  # orchestrator.observe.report.search.cost_table
 
 
 def _e(value: Any) -> str:
@@ -421,6 +423,18 @@ def _references(page: Page) -> str:
         "with the repeat (see each trial's <code>crosscheck_order</code>).")
 
 
+def _search(page: Page) -> str:
+    why = _frame_section(
+        page.search, "search", "Knee search: why each point",
+        "The trials a knee search ran, in order: the most and the fewest cores first, then bisection on the "
+        "knee the estimate names, then more windows where its interval is, until the knee is settled and "
+        "bracketed or a budget was spent (the sweep's <code>search_stop_reason</code> tag says which).")
+    return why + _frame_section(
+        page.search_costs, "search-cost", "Knee search: what it cost",
+        "GPU-seconds the search held (each trial's seconds times its GPUs; a CPU trial's once) against an estimate "
+        "of a 3-repeat grid of the same configuration: the mean trial's seconds x the grid's core counts x 3.")
+
+
 def render(page: Page) -> str:
     """The whole ``index.html``."""
     o = page.opts
@@ -441,7 +455,8 @@ def render(page: Page) -> str:
         head.append("<ul>" + "".join(f"<li class='bad'>{_e(n)}</li>" for n in page.notes) + "</ul>")
     if toc:
         head.append(f"<ul>{toc}</ul>")
-    body = [_heatmap(page), _start_modes(page), _references(page), *(_section(s, o) for s in page.sections)]
+    body = [_heatmap(page), _start_modes(page), _references(page), _search(page),
+            *(_section(s, o) for s in page.sections)]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(page.sweep)}: sweep report</title><style>{_STYLE}</style></head><body>\n"
             + "\n".join(head + body) + "\n</body></html>\n")

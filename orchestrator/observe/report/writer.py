@@ -8,6 +8,8 @@ Layout of ``<out>/`` (``orchestrator report`` defaults to ``<home>/reports/<swee
     heatmap.csv      configurations x cores: speedup, "timeout" or "failed" (tables.heatmap_table)
     knee.csv         per configuration: the knee from every window's requests and its interval
                      (orchestrator.observe.analysis.knee), the figures and the monotone fit behind it
+    search.csv       a knee search only: why each trial ran, in order (orchestrator.observe.report.search)
+    search_cost.csv  a knee search only: GPU-seconds spent per configuration against a 3-repeat grid
     predictions.json per configuration: the knee model's parameters, its inputs, the predicted knee
                      and the held-out check (orchestrator.observe.analysis.predict), or why there is none
     plots/           config-<n>-{ttft,side,goodput,holdout}.png, heatmap.png (orchestrator.observe.report.plots)
@@ -30,7 +32,7 @@ import pandas as pd
 
 from orchestrator.observe import stats
 from orchestrator.observe.analysis.knee import estimate_knee
-from orchestrator.observe.report import plots
+from orchestrator.observe.report import plots, search
 from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
 from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
 from orchestrator.observe.report.sections import extras_for
@@ -150,6 +152,15 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         sections.append(section)
         written += files
     pd.DataFrame([_knee_record(s) for s in sections], columns=KNEE_COLUMNS).to_csv(csvs["knee"], index=False)
+    why = search.why_table(per_trial, labels)
+    spent = search.cost_table(why)
+    searched = {"search": out_dir / "search.csv", "search cost": out_dir / "search_cost.csv"}
+    for old in searched.values():  # a search's tables do not outlive it in a folder written again
+        old.unlink(missing_ok=True)
+    if not why.empty:
+        csvs.update(searched)
+        search.visible(why).to_csv(csvs["search"], index=False)
+        spent.to_csv(csvs["search cost"], index=False)
     (out_dir / "time_use.json").write_text(json.dumps(dict(data.time_use), indent=2, sort_keys=True), encoding="utf-8")
     (out_dir / "predictions.json").write_text(json.dumps(
         [_prediction_record(s) for s in sections], indent=2, default=str), encoding="utf-8")
@@ -158,9 +169,10 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         written.append(plots.heatmap_plot(table, labels, plot_dir / "heatmap.png"))
         heat_png = "plots/heatmap.png"
     page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
-                heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({f})": f for n, f in CSVS.items()},
+                heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({p.name})": p.name for n, p in csvs.items()},
                 notes=data.notes, time_use=describe_time_use(dict(data.time_use)),
-                start_modes=modes, references=refs)
+                start_modes=modes, references=refs, search=search.visible(why) if not why.empty else None,
+                search_costs=spent if not why.empty else None)
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
     return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts,

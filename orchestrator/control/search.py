@@ -1,0 +1,181 @@
+"""A knee search of one configuration: its candidate trials, what its finished trials say, the next trial.
+
+A *configuration* is everything of a trial but its cores and repeat (``observe.report.comparison.CONFIG``).
+Its candidates are the grid's trials of it (every core count, repeats ``0 .. repeats.max-1``: the same
+trial ids as the grid). From the trials finished so far (this run's, and an earlier run's read back from
+MLflow on resume) :class:`ConfigSearch` estimates the knee exactly as the report does
+(:func:`orchestrator.observe.analysis.knee.estimate_knee` over each completed window's ok TTFTs, the
+report's seed for this configuration, a core count left out when most of its requests timed out) and asks
+the pure decision (:func:`orchestrator.plan.knee_search.next_cores`, :func:`budget_stop`) for the next core
+count; the trial run there is its lowest repeat not yet run. No I/O here: the controller runs the trials,
+``orchestrator.sweep`` reads the history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from orchestrator.observe import stats
+from orchestrator.observe.analysis.knee import KneeEstimate, estimate_knee
+from orchestrator.observe.outbox import records_frame
+from orchestrator.observe.report.comparison import CONFIG, SEARCH_PARAMS, TIMEOUT_MAJORITY
+from orchestrator.observe.report.tables import ReportOptions, ttft_values
+from orchestrator.plan.knee_search import Reason, Stop, budget_stop, gpu_seconds, next_cores
+from orchestrator.values.results import TrialResult
+from orchestrator.values.sweep_spec import SweepSpec
+from orchestrator.values.trial import TrialSpec
+
+# What a search trial records beside its result (MLflow params), for the report's "why each point" table.
+REASON_PARAM, STEP_PARAM, GRID_PARAM = SEARCH_PARAMS
+
+
+@dataclass(frozen=True)
+class SearchTrial:
+    """One finished trial as the search reads it: completed or not, its ok TTFTs (seconds), the share of
+    its requests that timed out, and what it spent (held seconds times GPUs)."""
+
+    trial_id: str
+    cores: int
+    completed: bool
+    ttfts: tuple[float, ...] = ()
+    timeout_rate: float = 0.0
+    gpu_seconds: float = 0.0
+
+
+def from_result(spec: TrialSpec, result: TrialResult) -> SearchTrial:
+    """This run's trial as the search reads it; TTFTs as the report reads them (``tables.ttft_values``)."""
+    ttfts = tuple(float(x) for x in ttft_values(records_frame(result.records))) if result.records else ()
+    rate = result.metrics.get("timeout_rate", 0.0)
+    return SearchTrial(spec.trial_id, spec.cores, result.ok, ttfts, float(rate) if math.isfinite(rate) else 0.0,
+                       gpu_seconds(result.started_at, result.ended_at, spec.gpus))
+
+
+def from_history(trials: Any, records: Mapping[str, Any]) -> dict[str, SearchTrial]:
+    """An earlier run's trials, from the report's inputs (``observe.report.data.SweepData``: the trials frame
+    and each completed trial's records), by trial id."""
+    out: dict[str, SearchTrial] = {}
+    for row in trials.to_dict("records") if len(trials) else []:
+        tid = str(row["trial_id"])
+        completed = row.get("status") == "COMPLETED"
+        ttfts = tuple(float(x) for x in ttft_values(records[tid])) if tid in records else ()
+        rate = _number(row.get("timeout_rate"))
+        held = _number(row.get("trial_duration_s"))
+        gpus = int(_number(row.get("gpus")))
+        out[tid] = SearchTrial(tid, int(row["cores"]), completed, ttfts, rate, held * max(gpus, 1))
+    return out
+
+
+def _number(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) else 0.0
+
+
+def config_key(trial: TrialSpec) -> tuple[str, ...]:
+    """The configuration of a trial as the report keys it (its ``CONFIG`` columns, as text)."""
+    f = trial.factors()
+    return tuple(str(f[c]) for c in CONFIG)
+
+
+def configurations(trials: Iterable[TrialSpec]) -> list[list[TrialSpec]]:
+    """The trials grouped by configuration, in the order each first appears."""
+    groups: dict[tuple[str, ...], list[TrialSpec]] = {}
+    for t in trials:
+        groups.setdefault(config_key(t), []).append(t)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The search's next trial and why, or why it ends (``trial`` None), with the estimate it decided on."""
+
+    trial: TrialSpec | None
+    reason: Reason | None
+    stop: Stop | None
+    estimate: KneeEstimate
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one configuration's search ended."""
+
+    label: str
+    stop: Stop
+    trials: int
+    gpu_seconds: float                 # held seconds times GPUs; a CPU sweep's trial seconds
+    estimate: KneeEstimate
+    gpus: int = 0
+
+    def line(self) -> str:
+        spent = f"{self.gpu_seconds:.0f} {'GPU-s' if self.gpus else 'trial-s'}"
+        return (f"knee search {self.label}: stopped ({self.stop.value}) after {self.trials} trial(s), {spent}; "
+                f"knee: {self.estimate.sentence()}")
+
+
+class ConfigSearch:
+    """The knee search of one configuration over its candidate trials (see the module docstring)."""
+
+    def __init__(self, candidates: Sequence[TrialSpec], spec: SweepSpec, opts: ReportOptions = ReportOptions()) -> None:
+        if not candidates:
+            raise ValueError("a search needs candidate trials")
+        keys = {config_key(t) for t in candidates}
+        if len(keys) != 1:
+            raise ValueError(f"the candidates span {len(keys)} configurations")
+        self.candidates = sorted(candidates, key=lambda t: (t.cores, t.repeat))
+        self.grid = sorted({t.cores for t in candidates})
+        self.key = keys.pop()
+        self.label = " / ".join(self.key)
+        self.policy = spec.repeat_policy
+        self.search = spec.search
+        self.opts = opts
+
+    def estimate(self, done: Sequence[SearchTrial]) -> KneeEstimate:
+        """The report's knee over ``done``'s completed windows (same statistic, tolerance, level, draws, seed)."""
+        windows: dict[int, list[np.ndarray]] = {}
+        rates: dict[int, list[float]] = {}
+        for t in done:
+            if t.completed:
+                rates.setdefault(t.cores, []).append(t.timeout_rate)
+                if t.ttfts:
+                    windows.setdefault(t.cores, []).append(np.asarray(t.ttfts, dtype=np.float64))
+        usable = {c: w for c, w in windows.items() if np.mean(rates[c]) <= TIMEOUT_MAJORITY}
+        o = self.opts
+        return estimate_knee(usable, stat=o.knee_statistic, tolerance=o.tolerance, level=o.knee_level,
+                             n_boot=o.n_boot, seed=stats.cell_seed(o.seed, "knee|" + "|".join(self.key)))
+
+    def choose(self, done: Sequence[SearchTrial]) -> Choice:
+        """The next trial from everything ``done`` so far (this configuration's finished trials, any order)."""
+        mine = {t.trial_id for t in self.candidates}
+        done = [t for t in done if t.trial_id in mine]
+        est = self.estimate(done)
+        measured: dict[int, int] = {}
+        for t in done:
+            if t.completed:
+                measured[t.cores] = measured.get(t.cores, 0) + 1
+        decision = next_cores(self.grid, measured, est, self.policy.max, min_windows=self.policy.min,
+                              until_ci=self.policy.until_ci)
+        if decision.cores is None:
+            return Choice(None, None, decision.stop, est)
+        spent = budget_stop(len(done), sum(t.gpu_seconds for t in done), max_trials=self.search.max_trials,
+                            max_gpu_hours=self.search.max_gpu_hours)
+        if spent is not None:
+            return Choice(None, None, spent, est)
+        ran = {t.trial_id for t in done}
+        left = [t for t in self.candidates if t.cores == decision.cores and t.trial_id not in ran]
+        if not left:
+            return Choice(None, None, Stop.NO_TRIAL_LEFT, est)
+        return Choice(left[0], decision.reason, None, est)
+
+    def params(self, reason: Reason, step: int) -> dict[str, str]:
+        """What a chosen trial records (MLflow params) so the report can say why it ran."""
+        return {REASON_PARAM: reason.value, STEP_PARAM: str(step), GRID_PARAM: " ".join(map(str, self.grid))}
+
+
+__all__ = ["GRID_PARAM", "REASON_PARAM", "STEP_PARAM", "Choice", "ConfigSearch", "Outcome", "SearchTrial",
+           "config_key", "configurations", "from_history", "from_result"]
