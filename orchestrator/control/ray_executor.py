@@ -119,6 +119,15 @@ class _Lease:
     timelines: list[Any] | None = None  # the executor's list this lease's timeline goes to when it closes
     trial: str = ""  # the trial whose time the lease spends now (a display's; stopping a warm one: the next's)
     on_phase: PhaseHook | None = None
+    # The lease's WorkloadActor, made at its first window and kept for the next ones (a window's text is built
+    # by ``prepare`` and its client re-pinned by ``pin``, so nothing of one window reaches the next): no actor
+    # process start between two windows of a repin group or a shared start.
+    workload: Any = None
+
+    def drop_workload(self) -> None:
+        if self.workload is not None:
+            ray.kill(self.workload)
+            self.workload = None
 
     def mark(self, event: str) -> None:
         self.events.append((event, time.monotonic()))
@@ -146,6 +155,7 @@ class _Lease:
             if tdir is not None:
                 (tdir / "collect-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
         ray.kill(self.replica)
+        self.drop_workload()
         self.mark("stopped")
         if self.timelines is not None:
             self.timelines.append(timeline_from_events(self.owner, self.events, gpus=self.gpus, cores=self.cores,
@@ -399,13 +409,15 @@ class RayTrialExecutor:
         if params.get("repinned"):
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
         lease.mark(STEP + "client")
-        workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
+        if lease.workload is None:  # one client process per lease: each window re-pins and re-verifies it
+            lease.workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
+        window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=lease.workload, up=up, alloc=alloc,
+                        gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark)
         try:
-            window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=workload, up=up, alloc=alloc,
-                            gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark)
             return WindowSequence(window, on_step=self.on_step).run(params, warnings, started)
-        finally:
-            ray.kill(workload)
+        except BaseException:  # a window that did not end cleanly: the next one gets a fresh client
+            lease.drop_workload()
+            raise
 
     def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
                started: float) -> TrialResult:

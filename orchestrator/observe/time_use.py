@@ -235,7 +235,8 @@ def describe_time_use(metrics: dict[str, float]) -> list[str]:
                      f"{metrics.get(f'{unit}_node_window_share', 0.0):.1%} inside windows counting them")
         out.append(line)
         idle = sorted(((k[len(f"{unit}_idle_in_"):-2], v) for k, v in metrics.items()
-                       if k.startswith(f"{unit}_idle_in_") and k.endswith("_s") and v > 0), key=lambda kv: (-kv[1], kv[0]))
+                       if k.startswith(f"{unit}_idle_in_") and k.endswith("_s") and v >= 0.0005 * held),
+                      key=lambda kv: (-kv[1], kv[0]))  # the steps that show at one decimal
         if idle:
             out.append("  idle by step: " + ", ".join(f"{step} {v / held:.1%}" for step, v in idle))
     return out
