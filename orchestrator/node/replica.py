@@ -96,11 +96,10 @@ def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str,
         cmd += ["--tensor-parallel-size", str(trial.gpus)]
         if not _has_flag(trial.vllm.args, "--compilation-config") and not _has_flag(trial.vllm.args, "-cc"):
             cmd += ["--compilation-config", MULTICAST_OFF_COMPILATION_CONFIG]
-    if trial.gpus > 0:  # start-up cuts (server.kv_cache_bytes, server.cudagraph_sizes); no CUDA on CPU
-        if s.kv_cache_bytes is not None:
-            cmd += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
-        if isinstance(s.cudagraph_sizes, tuple):
-            cmd += ["--cudagraph-capture-sizes", *(str(n) for n in s.cudagraph_sizes)]
+    if s.kv_cache_bytes is not None:  # a start-up cut on GPUs and CPUs (server_env clears vLLM-CPU's own size)
+        cmd += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
+    if trial.gpus > 0 and isinstance(s.cudagraph_sizes, tuple):  # no CUDA graphs on CPU
+        cmd += ["--cudagraph-capture-sizes", *(str(n) for n in s.cudagraph_sizes)]
     cmd.append("--enable-prompt-tokens-details")  # cached-token counts per response, for prefix-hit accounting
     return cmd + list(trial.vllm.args)
 
@@ -139,7 +138,9 @@ def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path,
     if trial.protocol.reset_prefix_cache or trial.start == "repin":
         env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (the protocol's start state)
     if trial.gpus == 0:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(trial.server.cpu_kvcache_gib)
+        # vLLM-CPU's VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides --kv-cache-memory-bytes unless it is empty
+        kv = trial.server.kv_cache_bytes
+        env["VLLM_CPU_KVCACHE_SPACE"] = "" if kv is not None else str(trial.server.cpu_kvcache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cores, mode)
     if trial.gpus >= 2:
         env.update(MULTICAST_OFF_ENV)

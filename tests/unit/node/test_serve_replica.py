@@ -69,9 +69,11 @@ def _vllm_serve_kwargs(t: TrialSpec) -> dict[str, object]:
     trial(block_size=32, max_model_len=2048, args=("--enforce-eager",)),
     trial(enable_prefix_caching=False, load_format="auto"),
     trial(gpus=1, cores=4),
+    trial(kv_cache_bytes=64 << 20),
+    trial(gpus=1, cores=4, kv_cache_bytes=16 << 30),
     trial(gpus=2, cores=8, args=("--max-num-seqs", "16")),
     trial(gpus=2, cores=8, args=("--compilation-config", '{"pass_config": {"fuse_allreduce_rms": true}}')),
-], ids=["defaults", "block-eager", "no-prefix-real", "gpu1", "tp2", "tp2-own-cc"])
+], ids=["defaults", "block-eager", "no-prefix-real", "gpu1", "cpu-kv", "gpu1-kv", "tp2", "tp2-own-cc"])
 def test_engine_kwargs_are_what_the_vllm_stack_passes_to_vllm_serve(t: TrialSpec) -> None:
     assert engine_kwargs(t) == _vllm_serve_kwargs(t)
 

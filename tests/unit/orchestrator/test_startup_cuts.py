@@ -41,12 +41,22 @@ def test_parse_bytes_refuses(bad):
         parse_bytes(bad)
 
 
-def test_kv_cache_bytes_in_the_gpu_command_only():
+def test_kv_cache_bytes_in_the_command_on_gpus_and_cpus():
     t = expand(spec(server={"kv_cache_bytes": "16GiB"})).trials[0]
     cmd = build_vllm_command(t, "/m", 1, "/py")
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(16 << 30)
-    cpu = expand(spec(server={"kv_cache_bytes": "16GiB"}, grid={"gpus": [0], "hardware": ["cpu"]})).trials[0]
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(t, frozenset({1}), "/s")
+    cpu = expand(spec(server={"kv_cache_bytes": "64MiB"}, grid={"gpus": [0], "hardware": ["cpu"]})).trials[0]
+    cmd = build_vllm_command(cpu, "/m", 1, "/py")
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(64 << 20)
+    # vLLM-CPU's own whole-GiB size would override the flag: it is set, and empty (vLLM then ignores it)
+    assert server_env(cpu, frozenset({1}), "/s")["VLLM_CPU_KVCACHE_SPACE"] == ""
+
+
+def test_cpu_kvcache_gib_stays_the_cpu_default():
+    cpu = expand(spec(server={"cpu_kvcache_gib": 2}, grid={"gpus": [0], "hardware": ["cpu"]})).trials[0]
     assert "--kv-cache-memory-bytes" not in build_vllm_command(cpu, "/m", 1, "/py")
+    assert server_env(cpu, frozenset({1}), "/s")["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
 def test_a_bad_size_names_the_field():
