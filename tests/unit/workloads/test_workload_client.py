@@ -268,3 +268,22 @@ def test_entering_a_refused_server_does_not_raise(refused_url) -> None:
 
     record, _ = asyncio.run(main())
     assert record.status == "error"  # the failure is the request's record, not the entry's
+
+
+def test_tokenize_after_measures_an_even_sample_and_leaves_the_rest_planned() -> None:
+    from types import SimpleNamespace
+
+    from workloads.records import RequestRecord
+    from workloads.run_workload import _tokenize_after
+
+    records = tuple(RequestRecord(request_id=f"r{i}", session_id="s", turn=i, scheduled_ns=0, sent_ns=0,
+                                  first_token_ns=1, token_ns=(1,), end_ns=2, prompt_tokens=7, completion_tokens=1,
+                                  cached_tokens=None, client_prompt_tokens=7, tokenize_ns=0, status="ok")
+                    for i in range(100))
+    result = SimpleNamespace(records=records, prompt=lambda rid: "x" * int(rid[1:]))
+    out = _tokenize_after(result, len, 32)
+    measured = [i for i, r in enumerate(out) if r.tokenize_ns > 0]
+    assert measured == list(range(0, 100, 4))  # every 4th: 25 prompts, at most 32, spread over the window
+    assert all(out[i].client_prompt_tokens == i for i in measured)  # the count of the prompt sent
+    assert all(r.client_prompt_tokens == 7 and r.tokenize_ns == 0 for i, r in enumerate(out) if i not in measured)
+    assert all(r.tokenize_ns > 0 for r in _tokenize_after(result, len, 100))  # a small window: every prompt
