@@ -22,7 +22,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import psutil
 
@@ -96,7 +96,7 @@ def build_vllm_command(trial: TrialSpec, model_dir: str, port: int, python: str,
         cmd += ["--tensor-parallel-size", str(trial.gpus)]
         if not _has_flag(trial.vllm.args, "--compilation-config") and not _has_flag(trial.vllm.args, "-cc"):
             cmd += ["--compilation-config", MULTICAST_OFF_COMPILATION_CONFIG]
-    if s.kv_cache_bytes is not None:  # a start-up cut on GPUs and CPUs (server_env clears vLLM-CPU's own size)
+    if s.kv_cache_bytes is not None:  # a start-up cut on GPUs and CPUs (server_env leaves out vLLM-CPU's own size)
         cmd += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
     if trial.gpus > 0 and isinstance(s.cudagraph_sizes, tuple):  # no CUDA graphs on CPU
         cmd += ["--cudagraph-capture-sizes", *(str(n) for n in s.cudagraph_sizes)]
@@ -126,6 +126,15 @@ def omp_bind(cores: frozenset[int], mode: str) -> str:
     return "nobind" if mode == "quota" else format_cpulist(cores)
 
 
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a server inherits of ``environ``: all but vLLM-CPU's KV cache size, which only the trial sets
+    (:func:`server_env`; a user's own goes in ``server.cpu_kvcache_gib`` or ``vllm.env``)."""
+    return {k: v for k, v in environ.items() if k != CPU_KV_ENV}
+
+
 def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path, mode: str = "affinity",
                cache_root: str | Path | None = None) -> dict[str, str]:
     """The environment added for the server (pure); recorded with the trial. ``trial.vllm.env`` wins.
@@ -138,9 +147,11 @@ def server_env(trial: TrialSpec, cores: frozenset[int], scratch_dir: str | Path,
     if trial.protocol.reset_prefix_cache or trial.start == "repin":
         env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (the protocol's start state)
     if trial.gpus == 0:
-        # vLLM-CPU's VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides --kv-cache-memory-bytes unless it is empty
-        kv = trial.server.kv_cache_bytes
-        env["VLLM_CPU_KVCACHE_SPACE"] = "" if kv is not None else str(trial.server.cpu_kvcache_gib)
+        # vLLM-CPU's VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides --kv-cache-memory-bytes, and an empty
+        # value fails vLLM's int() at engine start: with kv_cache_bytes it is left out (inherited_env
+        # drops an inherited one)
+        if trial.server.kv_cache_bytes is None:
+            env[CPU_KV_ENV] = str(trial.server.cpu_kvcache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cores, mode)
     if trial.gpus >= 2:
         env.update(MULTICAST_OFF_ENV)
@@ -244,7 +255,7 @@ class VllmReplica:
         # place: restricted from the first instruction, and ended with its workers when this actor dies.
         self.lifeline = Lifeline(grace_s=self.stop_grace_s)
         cmd = self.restriction.wrap(self.lifeline.wrap(self.resolved_args, self.python), self.python)
-        self._launch(cmd, {**os.environ, **self.env_recorded})
+        self._launch(cmd, {**inherited_env(os.environ), **self.env_recorded})
 
     def _prepare(self) -> None:
         """The work and scratch folders, and the restriction's set-up (a cgroup under cpuset)."""
@@ -444,5 +455,5 @@ def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:
         pynvml.nvmlShutdown()
 
 
-__all__ = ["MULTICAST_OFF_ENV", "SERVER_SCRIPT_ENV", "VLLM_SERVE_SHIM", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "port_is_free",
-           "scratch_paths", "server_env"]
+__all__ = ["CPU_KV_ENV", "MULTICAST_OFF_ENV", "SERVER_SCRIPT_ENV", "VLLM_SERVE_SHIM", "ReplicaError", "VllmReplica", "build_vllm_command", "free_port", "inherited_env",
+           "port_is_free", "scratch_paths", "server_env"]

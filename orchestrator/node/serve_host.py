@@ -101,7 +101,7 @@ def engine_kwargs(trial: TrialSpec) -> dict[str, Any]:
                           "enable_prompt_tokens_details": True}  # cached-token counts, for prefix-hit accounting
     if s.block_size is not None:
         kw["block_size"] = s.block_size
-    if s.kv_cache_bytes is not None:  # server_env then clears vLLM-CPU's own size, as for vllm serve
+    if s.kv_cache_bytes is not None:  # server_env then leaves out vLLM-CPU's own size, as for vllm serve
         kw["kv_cache_memory_bytes"] = s.kv_cache_bytes
     if trial.gpus > 1:
         kw["tensor_parallel_size"] = trial.gpus

@@ -51,7 +51,7 @@ from orchestrator.infra.lifeline import Lifeline
 from orchestrator.infra.net import http_ok
 from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist
-from orchestrator.node.replica import ReplicaError, VllmReplica
+from orchestrator.node.replica import ReplicaError, VllmReplica, inherited_env
 from orchestrator.node.hostfacts import vllm_version
 from orchestrator.node.restrict import Restriction, Verification, thread_cpus, thread_ids, tree_pids
 from orchestrator.node.serve_host import (CGROUP_ENV, CPUS_ENV, Role, engine_kwargs, host_spec, llm_config,
@@ -80,7 +80,7 @@ def host_env(base: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str
     """The serve host's environment: ``base`` less what ties a process to the cluster it runs in, plus
     ``added`` less the hook's variables (only the LLMServer's runtime env has those, which is how its
     workers are told apart), the project on the path (for the hook) and plain log lines."""
-    env = {k: v for k, v in base.items() if k not in OUTER_RAY_ENV}
+    env = {k: v for k, v in inherited_env(base).items() if k not in OUTER_RAY_ENV}
     env.update({k: v for k, v in added.items() if k not in (CPUS_ENV, CGROUP_ENV)})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, base.get("PYTHONPATH", "")) if p)
     env.update({"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"})

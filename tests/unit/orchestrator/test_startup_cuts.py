@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.actors import profile_delay
-from orchestrator.node.replica import build_vllm_command, server_env
+from orchestrator.node.replica import build_vllm_command, inherited_env, server_env
+from orchestrator.node.serve_replica import host_env
 from orchestrator.observe.report.comparison import calibration
 from orchestrator.plan.expand import chains, expand, match_load_sizes
 from orchestrator.plan.load import SpecError, parse_spec
@@ -49,8 +50,14 @@ def test_kv_cache_bytes_in_the_command_on_gpus_and_cpus():
     cpu = expand(spec(server={"kv_cache_bytes": "64MiB"}, grid={"gpus": [0], "hardware": ["cpu"]})).trials[0]
     cmd = build_vllm_command(cpu, "/m", 1, "/py")
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(64 << 20)
-    # vLLM-CPU's own whole-GiB size would override the flag: it is set, and empty (vLLM then ignores it)
-    assert server_env(cpu, frozenset({1}), "/s")["VLLM_CPU_KVCACHE_SPACE"] == ""
+    # vLLM-CPU's own whole-GiB size would override the flag, and an empty one fails vLLM's int() at
+    # engine start: it is left out, and one the server would inherit is dropped (also for a Serve host)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(cpu, frozenset({1}), "/s")
+    outer = {"VLLM_CPU_KVCACHE_SPACE": "4", "HOME": "/h"}
+    assert inherited_env(outer) == {"HOME": "/h"}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in host_env(outer, server_env(cpu, frozenset({1}), "/s"))
+    assert host_env(outer, server_env(expand(spec(grid={"gpus": [0], "hardware": ["cpu"]})).trials[0],
+                                      frozenset({1}), "/s"))["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
 def test_cpu_kvcache_gib_stays_the_cpu_default():
