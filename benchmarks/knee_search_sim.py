@@ -1,38 +1,51 @@
-"""The knee from fewer windows: grids of 1-6 repeats and a window-level search, replayed from real windows.
+"""The knee from fewer windows: grids of 1-3 repeats and the window-level search, replayed from real windows.
 
-A *window* at a core count is replayed from the committed per-request records (default: the dense H200
-grid, ``benchmarks/results/h200/dense/records.parquet``, 7 core counts x 3 real windows): one of that
-core count's real windows, drawn at random, with its requests drawn again with replacement. So a replayed
-grid has the real window-to-window and request-to-request noise of that lease.
+A *window* at a core count is replayed from the committed per-request records of a dense H200 grid (7 core
+counts x 3 real windows each): one of that core count's real windows, drawn at random, with its requests
+drawn again with replacement. So a replayed grid has the real window-to-window and request-to-request noise
+of that lease. Each records file is one dense curve; by default both committed ones
+(``benchmarks/results/h200/dense`` and ``benchmarks/results/h200/search``, two leases).
 
 The answer of a design is :func:`orchestrator.observe.analysis.knee.estimate_knee` over the windows it
 measured (mean TTFT, monotone fit, 90% bootstrap of windows then requests). The reference is a 6-repeat
 grid of the same replay. Per design and seed: does it name the reference's knee (exactly, within one grid
-step), is it settled, and do two independent runs of it agree within one step; its windows against the
-3-repeat grid's 21.
+step), is its interval the reference's, does its interval hold the reference's knee, is it settled, and do
+two independent runs of it agree; its windows against the 3-repeat grid's 21, and its GPU-seconds against
+a 3-repeat re-pinned grid's, where both pay one start (``--start-s``) and every window costs a window with
+the time between windows (``--window-s``; both default to the committed grid's time use,
+``benchmarks/results/h200/search/grid-time_use.json``: 72 s warm start, 16.0 s a window).
 
-The search (:func:`orchestrator.plan.knee_search.next_cores`, the product's own decision): measure the most and the fewest cores (one window each), then bisect on
-the knee the estimate names, between it and the largest measured core count below it; once those two are
-neighbours in the grid, add a window where the interval is (the core counts inside it and the most cores,
-the one with fewest windows first, at most ``max_windows`` each) until the knee is settled and bracketed.
+The search is the product's own decision (:func:`orchestrator.plan.knee_search.next_cores`), at its
+default of at most 3 windows a core count (``repeats.max``) and at 4. Two changes to it were tried here and
+not adopted (the "tried" rows): narrowing also at grid counts inside the interval that have no window yet
+(the H200 search of 2026-12-04 stopped on 2-4 cores without measuring 3), and no settled stop while the knee
+or the count below it has a single window.
 
-Usage: ``python benchmarks/knee_search_sim.py [records.parquet] [seeds]``
+Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [records.parquet ...]``
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from multiprocessing import Pool
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from orchestrator.observe.analysis.knee import estimate_knee
-from orchestrator.plan.knee_search import next_cores as decide
+from orchestrator.observe.analysis.knee import KneeEstimate, estimate_knee
 from orchestrator.observe.report.tables import ttft_values
+from orchestrator.plan.knee_search import Reason, Stop, next_cores
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet"
+RECORDS = (ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet",
+           ROOT / "benchmarks" / "results" / "h200" / "search" / "h200-dense-knee-records.parquet")
+TIME_USE = ROOT / "benchmarks" / "results" / "h200" / "search" / "grid-time_use.json"
 N_BOOT = 200
 
 
@@ -54,62 +67,128 @@ class Replay:
         return w[self.rng.integers(0, len(w), len(w))]
 
 
-def grid(replay: Replay, allowed: list[int], repeats: int, seed: int):
+def grid(replay: Replay, allowed: list[int], repeats: int, seed: int) -> KneeEstimate:
     windows = {c: [replay.window(c) for _ in range(repeats)] for c in allowed}
     return estimate_knee(windows, n_boot=N_BOOT, seed=seed)
 
 
-def next_cores(allowed: list[int], windows: dict[int, list[np.ndarray]], est, max_windows: int) -> int | None:
-    """The next core count to measure, or None when the search stops: the product's decision
-    (:func:`orchestrator.plan.knee_search.next_cores`)."""
-    return decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows).cores
+Decide = Callable[[list[int], dict[int, int], KneeEstimate, int], "int | None"]
 
 
-def search(replay: Replay, allowed: list[int], seed: int, max_windows: int = 4):
+def today(grid: list[int], have: dict[int, int], est: KneeEstimate, max_windows: int) -> int | None:
+    return next_cores(grid, have, est, max_windows).cores
+
+
+def inside(grid: list[int], have: dict[int, int], est: KneeEstimate, max_windows: int) -> int | None:
+    """Tried, not adopted: the narrowing step also measures the grid counts inside the interval that have no
+    window yet (and leaves out the count below the knee when it is outside the interval)."""
+    d = next_cores(grid, have, est, max_windows)
+    if d.reason is not Reason.NARROW:
+        return d.cores
+    n = {c: have.get(c, 0) for c in grid if est.low <= c <= est.high or c == grid[-1]}
+    room = [c for c in n if n[c] < max_windows]
+    return min(room, key=lambda c: (n[c], c != est.knee)) if room else None
+
+
+def two_at_knee(grid: list[int], have: dict[int, int], est: KneeEstimate, max_windows: int) -> int | None:
+    """Tried, not adopted: no settled stop while the knee or the count below it has one window (its interval
+    then has no window-to-window noise in it); that count gets its second window first."""
+    d = next_cores(grid, have, est, max_windows)
+    if d.stop is not Stop.SETTLED or est.knee is None:
+        return d.cores
+    i = grid.index(est.knee)
+    short = [c for c in grid[max(0, i - 1):i + 1] if c in have and have[c] < min(2, max_windows)]
+    return short[0] if short else None
+
+
+def search(replay: Replay, allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
     windows: dict[int, list[np.ndarray]] = {}
-    for c in (allowed[-1], allowed[0]):
-        windows.setdefault(c, []).append(replay.window(c))
-    while True:
-        est = estimate_knee(windows, n_boot=N_BOOT, seed=seed)
-        nxt = next_cores(allowed, windows, est, max_windows)
-        if nxt is None:
-            return est, windows
+    est = estimate_knee({}, n_boot=1)
+    while (nxt := decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows)) is not None:
         windows.setdefault(nxt, []).append(replay.window(nxt))
+        est = estimate_knee(windows, n_boot=N_BOOT, seed=seed)
+    return est
 
 
-def main(path: Path, seeds: int) -> None:
+@dataclass(frozen=True)
+class Outcome:
+    same: bool
+    near: bool
+    same_interval: bool
+    holds: bool
+    settled: bool
+    agree_near: bool
+    agree_same: bool
+    windows: int
+
+
+DESIGNS: dict[str, Callable[[Replay, list[int], int], KneeEstimate]] = {
+    **{f"grid x{k}": (lambda r, a, s, k=k: grid(r, a, k, s)) for k in (1, 2, 3)},
+    **{f"search, max {m} windows a count": (lambda r, a, s, m=m: search(r, a, s, today, m)) for m in (3, 4)},
+    "tried: + unmeasured counts inside the interval (max 3)": lambda r, a, s: search(r, a, s, inside, 3),
+    "tried: + 2 windows at the knee and below (max 3)": lambda r, a, s: search(r, a, s, two_at_knee, 3),
+}
+
+
+def one_seed(args: tuple[Path, int]) -> dict[str, Outcome]:
+    path, seed = args
     real = real_windows(path)
     allowed = sorted(real)
+    ix = allowed.index
+    rng = np.random.default_rng(seed)
+    ref = grid(Replay(real, rng), allowed, 6, seed)
+    out = {}
+    for name, run in DESIGNS.items():
+        ra, rb = Replay(real, rng), Replay(real, rng)
+        a, b = run(ra, allowed, seed), run(rb, allowed, seed + 10_000)
+        out[name] = Outcome(a.knee == ref.knee, abs(ix(a.knee) - ix(ref.knee)) <= 1,
+                            (a.low, a.high) == (ref.low, ref.high), a.low <= ref.knee <= a.high, a.settled,
+                            abs(ix(a.knee) - ix(b.knee)) <= 1, a.knee == b.knee, ra.windows)
+    return out
+
+
+def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float) -> str:
+    t0 = time.monotonic()
+    with Pool(procs) as pool:
+        runs = pool.map(one_seed, [(path, s) for s in range(seeds)])
+    real = real_windows(path)
+    grid_s = start_s + 3 * len(real) * window_s
     rows = []
-    designs = {f"grid x{k}": (lambda r, s, k=k: (grid(r, allowed, k, s), None)) for k in (1, 2, 3)}
-    designs["search (max 4 windows a point)"] = lambda r, s: search(r, allowed, s, 4)
-    for name, run in designs.items():
-        exact = near = settled = agree = 0
-        used = []
-        for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            ref = grid(Replay(real, rng), allowed, 6, seed)
-            a_replay, b_replay = Replay(real, rng), Replay(real, rng)
-            a, _ = run(a_replay, seed)
-            b, _ = run(b_replay, seed + 10_000)
-            exact += a.knee == ref.knee
-            near += abs(allowed.index(a.knee) - allowed.index(ref.knee)) <= 1
-            settled += a.settled
-            agree += abs(allowed.index(a.knee) - allowed.index(b.knee)) <= 1
-            used.append(a_replay.windows)
-        rows.append({"design": name, "same knee as 6-repeat grid": f"{exact / seeds:.0%}",
-                     "within one step": f"{near / seeds:.0%}", "settled": f"{settled / seeds:.0%}",
-                     "two runs within one step": f"{agree / seeds:.0%}",
-                     "windows (mean, max)": f"{np.mean(used):.1f}, {max(used)}",
-                     "windows / 3-repeat grid's": f"{np.mean(used) / (3 * len(allowed)):.0%}"})
+    for name in DESIGNS:
+        o = [r[name] for r in runs]
+        def share(f: str, o: list[Outcome] = o) -> str:
+            return f"{np.mean([getattr(x, f) for x in o]):.0%}"
+        used = np.array([x.windows for x in o])
+        rows.append({"design": name, "same knee as 6-repeat grid": share("same"), "within one step": share("near"),
+                     "same interval": share("same_interval"), "interval holds its knee": share("holds"),
+                     "settled": share("settled"), "two runs: same knee": share("agree_same"),
+                     "two runs: within one step": share("agree_near"),
+                     "windows (mean, max)": f"{used.mean():.1f}, {used.max()}",
+                     "windows / 3-repeat grid's": f"{used.mean() / (3 * len(real)):.0%}",
+                     "GPU-s / 3-repeat grid's": f"{(start_s + used.mean() * window_s) / grid_s:.0%}"})
     frame = pd.DataFrame(rows)
-    print(f"Replayed from `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` "
-          f"({', '.join(f'{c}: {len(w)}' for c, w in real.items())} real windows per core count), {seeds} seeds, "
-          f"{N_BOOT} bootstrap draws per estimate.\n")
-    print("| " + " | ".join(frame.columns) + " |\n|" + "---|" * len(frame.columns))
-    for _, r in frame.iterrows():
-        print("| " + " | ".join(str(v) for v in r) + " |")
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    head = (f"Replayed from `{shown}` ({', '.join(f'{c}: {len(w)}' for c, w in real.items())} real windows per "
+            f"core count), {seeds} seeds, {N_BOOT} bootstrap draws per estimate, "
+            f"{time.monotonic() - t0:.0f} s on {procs} process(es).\n")
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(str(v) for v in r) + " |" for _, r in frame.iterrows()]
+    return head + "\n" + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("records", nargs="*", type=Path, default=list(RECORDS))
+    p.add_argument("--seeds", type=int, default=100)
+    p.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    use = json.loads(TIME_USE.read_text())
+    p.add_argument("--start-s", type=float, default=use["gpu_starting_s"])
+    p.add_argument("--window-s", type=float, default=(use["gpu_held_s"] - use["gpu_starting_s"]) / 21)
+    a = p.parse_args()
+    print(f"GPU-seconds: one start of {a.start_s:.0f} s and {a.window_s:.1f} s a window for every design.\n")
+    for path in a.records:
+        print(table(path, a.seeds, a.procs, a.start_s, a.window_s))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT, int(sys.argv[2]) if len(sys.argv) > 2 else 100)
+    main()

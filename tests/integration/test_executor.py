@@ -128,7 +128,9 @@ def test_sized_start_pins_before_the_window_and_captures_a_profile(vllm_left, lo
     """start: sized starts on the group's most cores with thread pools sized for the trial's, then pins
     to them before the window; the window's checks see only the trial's cores. The GPU profile's path
     runs too: on a CPU-only server it says there was no GPU activity and records the capture's size."""
-    base = _spec("sized", [1, 2], max_duration_s=20).model_dump(mode="json")
+    # think time keeps the 6-s warm-up's sessions going past the capture's start (1.5 s in): 2 sessions of 2
+    # quick turns could all end before it on a warm server ("the window ended before the capture began")
+    base = _spec("sized", [1, 2], max_duration_s=20, turns=6, think_time_s=1.0).model_dump(mode="json")
     plan = expand(parse_spec({**base, "name": "it-sized", "protocol": {"warmup_s": 6},
                               "telemetry": {"gpu_profile": {"enabled": True, "seconds": 2}}}))
     t = plan.trials[0]
