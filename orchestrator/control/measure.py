@@ -90,6 +90,7 @@ class Window:
     trace: Any  # (hash, ObjectRef) of the trace file, or None
     warmup: bool  # the first window of a start: run the unmeasured warm-up
     mark: Callable[[str], None] = lambda event: None  # the lease's timeline events
+    references: bool | None = None  # run the reference clients (crosscheck: auto decides); None: as the protocol says
 
 
 class WindowSequence:
@@ -151,7 +152,8 @@ class WindowSequence:
             self._warmup()
         params["warmup_s"] = proto.warmup_s
 
-        refs = ["bare"] if proto.crosschecks(trial.cores) else []
+        wanted = w.references if w.references is not None else proto.crosschecks(trial.cores)
+        refs = ["bare"] if wanted else []
         refs += [r for r in proto.crosscheck_clients if r != "bare" and refs]
         order = order_of(refs, trial.repeat)
         if refs:

@@ -58,6 +58,7 @@ from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import replica_key, start_key
+from orchestrator.plan.references import ReferencePlan
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
@@ -189,6 +190,8 @@ class RayTrialExecutor:
         for t in plan.trials if plan else ():
             k = replica_key(t)
             self.max_cores[k] = max(self.max_cores.get(k, 0), t.cores)
+        # crosscheck: auto: which windows run the reference clients (the plan's ends of each configuration)
+        self.references = ReferencePlan(plan.trials if plan else ())
         self._lanes: list[_Lane] = []
         self._default: _Lane | None = None
         self._seq = 0
@@ -411,13 +414,22 @@ class RayTrialExecutor:
         lease.mark(STEP + "client")
         if lease.workload is None:  # one client process per lease: each window re-pins and re-verifies it
             lease.workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
+        why = self.references.claim(trial)  # crosscheck: auto (None otherwise)
+        if why is not None:
+            params["crosscheck_why"] = why
         window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=lease.workload, up=up, alloc=alloc,
-                        gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark)
+                        gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark,
+                        references=(why is not None) if trial.protocol.crosscheck == "auto" else None)
+        ratio = None
         try:
-            return WindowSequence(window, on_step=self.on_step).run(params, warnings, started)
+            result = WindowSequence(window, on_step=self.on_step).run(params, warnings, started)
+            ratio = result.metrics.get("crosscheck_ttft_p50_ratio") if result.ok else None
+            return result
         except BaseException:  # a window that did not end cleanly: the next one gets a fresh client
             lease.drop_workload()
             raise
+        finally:
+            self.references.record(trial, why, ratio)
 
     def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
                started: float) -> TrialResult:

@@ -269,6 +269,30 @@ def _ray_processes() -> list[psutil.Process]:
     return out
 
 
+def _hand_over(guardian: Guardian, handed: set[int], record_in: Path | None, recorded: list[int]) -> set[int]:
+    """Hand the local Ray's processes not handed yet to ``guardian`` (and record them); the pids handed."""
+    entries = [e for p in _ray_processes() if p.pid not in handed
+               and (e := survivors.entry_of("ray", p.pid, group=False))]
+    if entries:
+        guardian.watch(entries)
+    for e in entries:
+        handed.add(e["pid"])
+        if record_in is not None and survivors.record(record_in, "ray", e["pid"], group=False):
+            recorded.append(e["pid"])
+    return handed
+
+
+def _hand_over_late(guardian: Guardian, handed: set[int], record_in: Path | None, recorded: list[int],
+                    stop: threading.Event, every_s: float = 1.0, for_s: float = 60.0) -> None:
+    """Hand over the Ray processes that appear in the first ``for_s`` seconds (its agents), every ``every_s``."""
+    deadline = time.monotonic() + for_s
+    while not stop.wait(every_s) and time.monotonic() < deadline:
+        try:
+            _hand_over(guardian, handed, record_in, recorded)
+        except (OSError, ValueError):  # the guardian's pipe closed: the context is ending
+            return
+
+
 @contextmanager
 def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -> Iterator[dict]:
     """Connect to ``RAY_ADDRESS`` if set, else start a local Ray on loopback only; shut it down after.
@@ -282,6 +306,7 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
     saved = _handlers()
     guardian: Guardian | None = None
     recorded: list[int] = []
+    stop, watcher = threading.Event(), None
     loopback = ExitStack()
     try:
         if address:
@@ -298,13 +323,15 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
                                log_to_driver=False, configure_logging=False)
             finally:
                 banner.removeFilter(drop)
-            entries = [e for p in _ray_processes() if (e := survivors.entry_of("ray", p.pid, group=False))]
-            guardian.watch(entries)
-            for e in entries:
-                if record_in is not None and survivors.record(record_in, "ray", e["pid"], group=False):
-                    recorded.append(e["pid"])
+            handed = _hand_over(guardian, set(), record_in, recorded)
+            # The raylet starts its agents (dashboard, runtime env) on its own time, after ray.init returns on a
+            # quick machine: what appears later is handed over too, else it outlives a SIGKILLed run.
+            watcher = threading.Thread(target=_hand_over_late, args=(guardian, handed, record_in, recorded, stop),
+                                       name="ray-guardian-feed", daemon=True)
+            watcher.start()
     except BaseException:  # interrupted half-way: stop what it started
         _restore(saved)
+        stop.set()
         ray.shutdown()
         if guardian is not None:
             guardian.close()
@@ -314,6 +341,9 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
     try:
         yield {"address": getattr(ctx, "address_info", {}).get("address", address or "local")}
     finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=5)
         ray.shutdown()
         if guardian is not None:
             guardian.close()

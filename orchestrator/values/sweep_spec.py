@@ -195,12 +195,19 @@ class ProtocolSpec(_Strict):
         description="Trials that differ only in workload or repeat run as consecutive windows on one replica "
                     "start (fresh, pinned to their cores), each from the prefix-cache reset, instead of a restart "
                     "per trial. Repeats then share a start and alternate with the other workloads.")
-    crosscheck: bool | tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
+    crosscheck: bool | Literal["auto"] | tuple[Annotated[int, Field(ge=1, le=4096)], ...] = Field(
         default=False,
         description="After the window, reset the prefix cache again and replay the same workload with the bare "
                     "client (workloads.bare: one plain process, no Ray actor in the request path, no telemetry); "
-                    "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts. "
-                    "Odd repeats run the bare client before the window instead, so the order's effect is visible.")
+                    "record the harness/bare TTFT ratios. true = every trial; a list = trials at those core counts; "
+                    "auto = the first window of each configuration at its fewest and at its most cores, and again "
+                    "at a core count only while its last reference disagreed by more than crosscheck_tolerance "
+                    "(orchestrator.plan.references). Odd repeats run the bare client before the window instead, so "
+                    "the order's effect is visible.")
+    crosscheck_tolerance: float = Field(
+        default=0.10, gt=0, le=10,
+        description="crosscheck: auto runs the references again at a core count whose harness/bare TTFT p50 ratio "
+                    "was off 1 by more than this.")
     crosscheck_clients: tuple[Literal["bare", "vllm-bench"], ...] = Field(
         default=("bare",), min_length=1,
         description="The reference clients of a cross-check, each from its own prefix-cache reset: 'bare' (the "
@@ -217,6 +224,8 @@ class ProtocolSpec(_Strict):
         return tuple(dict.fromkeys(v))
 
     def crosschecks(self, cores: int) -> bool:
+        """Whether a trial at ``cores`` runs the references; under ``auto`` the executor decides, window by
+        window (orchestrator.plan.references), and this is False."""
         return self.crosscheck is True or (isinstance(self.crosscheck, tuple) and cores in self.crosscheck)
     spread_warn: float = Field(default=0.10, gt=0, le=10,
                                description="Reports flag a configuration whose repeats' TTFT p50 spread "

@@ -18,8 +18,9 @@ from orchestrator.values.sweep_spec import (ClientSpec, ModelSpec, ProtocolSpec,
 from workloads.spec import WorkloadSpec
 
 
-IDENTITY_EXCLUDE: dict[str, Any] = {"trial_id": True, "protocol": {"order", "seed", "spread_warn", "crosscheck_clients"},
-                                     "slo": True}
+IDENTITY_EXCLUDE: dict[str, Any] = {
+    "trial_id": True, "slo": True,
+    "protocol": {"order", "seed", "spread_warn", "crosscheck_clients", "crosscheck_tolerance"}}
 
 
 class TrialSpec(BaseModel):

@@ -2,7 +2,7 @@
 run's own MLflow server and Ray, SIGTERM'd once its first trial is in MLflow, then run again.
 
 Cores [1, 2] (the CI machine has two), one re-pinned replica (`start: repin`: one vLLM start per run), 5-s
-windows, at most 2 repeats. The search measures the most cores, then the fewest; with two core counts the
+windows, at most 2 repeats, `crosscheck: auto` (the bare client replays the window at each end of the curve). The search measures the most cores, then the fewest; with two core counts the
 knee is then settled, so the whole search is those two trials.
 
 The interrupt: while the first run holds its home, a second run of it is refused at once (exit 2, naming the
@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeo
 
 def _spec_file(tmp_path: Path) -> tuple[Path, list]:
     spec = sweep(NAME, workloads=[agentic(max_duration_s=5)], cores=(1, 2), start="repin", repeats={"max": 2},
-                 search="knee")
+                 search="knee", protocol={"crosscheck": "auto"})
     path = tmp_path / "knee.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     return path, list(expand(spec).trials)
@@ -150,6 +150,12 @@ def test_an_interrupted_knee_search_resumes_without_running_a_trial_twice(tmp_pa
     assert set(per_id) == {most.trial_id, fewest.trial_id}  # the repeats the search did not need never ran
     reasons = {r.data.tags["trial_id"]: r.data.params.get("search_reason") for r in children}
     assert reasons == {most.trial_id: "most cores", fewest.trial_id: "fewest cores"}
+    # crosscheck: auto: the bare client replayed the window at both ends of the curve (one run each), and the
+    # run says where
+    why = {r.data.tags["trial_id"]: r.data.params.get("crosscheck_why") for r in children}
+    assert why == {most.trial_id: "most cores", fewest.trial_id: "fewest cores"}
+    assert all(r.data.metrics.get("crosscheck_ttft_p50_ratio", 0) > 0 for r in children)
+    assert "references (crosscheck: auto), tiny w: 1 cores (fewest cores)" in again.stdout, again.stdout[-3000:]
     [parent] = [r for r in store.search_runs([exp.experiment_id]) if r.data.tags.get("orchestrator.kind") == "sweep"]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["search_stop_reason"] == "settled" and "cores" in parent.data.tags["search_knee"]

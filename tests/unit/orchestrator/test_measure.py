@@ -147,14 +147,14 @@ def _trial(repeat: int = 0, crosscheck: bool = False):
 
 
 def _sequence(tmp_path: Path, *, repeat: int = 0, crosscheck: bool = False, on_step: Any = None,
-              connect_s: float = 0.0, tail_s: float = 0.0):
+              connect_s: float = 0.0, tail_s: float = 0.0, references: bool | None = None):
     clock, gpu, calls = TickClock(), FakeGpu(), []
     replica = FakeReplica(clock, gpu, calls)
     window = Window(trial=_trial(repeat, crosscheck), tdir=tmp_path, replica=Remote(replica),
                     workload=Remote(FakeWorkload(clock, gpu, calls, connect_s, tail_s)),
                     up=ReplicaUp(base_url="http://127.0.0.1:1", tokenizer_path="tok", params={}),
                     alloc=CoreGrant(replica=[0], client=[1], client_isolated=True, host={}), gpu_ids=[0],
-                    trace=None, warmup=True)
+                    trace=None, warmup=True, references=references)
     return WindowSequence(window, get=lambda x: x, on_step=on_step), replica, calls
 
 
@@ -233,6 +233,17 @@ def test_bare_first_on_odd_repeats(tmp_path: Path) -> None:
     assert calls.index("bare") < calls.index("begin_window")
     assert result.params["crosscheck_order"] == "bare-first"
     assert "crosscheck_ttft_p50_ratio" in result.metrics and (tmp_path / "bare.jsonl").exists()
+
+
+@pytest.mark.parametrize("crosscheck,references,runs", [(False, True, True), (True, False, False),
+                                                         (True, None, True), (False, None, False)])
+def test_the_executors_decision_overrides_the_protocols(tmp_path: Path, crosscheck: bool,
+                                                         references: bool | None, runs: bool) -> None:
+    """crosscheck: auto: the executor decides per window (Window.references); None leaves it to the protocol."""
+    seq, _, calls = _sequence(tmp_path, crosscheck=crosscheck, references=references)
+    result = seq.run({"window_on_start": 1}, [], 0.0)
+    assert result.ok, result.message
+    assert ("bare" in calls) is runs and ("crosscheck_ttft_p50_ratio" in result.metrics) is runs
 
 
 @pytest.mark.parametrize("step", ["reset", "scrape", "crosscheck", "verify"])
