@@ -86,17 +86,18 @@ def test_finds_the_knee_with_fewer_trials_than_the_grid_and_stops_settled():
     p, fake, ends = plan(), Fake(), Ends()
     c = SweepController(p, fake, observers=[ends])
     results = c.run()
-    assert [cores for cores, _ in fake.calls] == [12, 1, 4, 2, 3]  # ends, then bisection 1..12, 1..4, 2..4
+    # ends, then bisection 1..12, 1..4, 2..4; settled, then a second window below the knee and at it
+    assert fake.calls == [(12, 0), (1, 0), (4, 0), (2, 0), (3, 0), (3, 1), (4, 1)]
     assert [r.params["search_reason"] for r in results] == ["most cores", "fewest cores", "bisect", "bisect",
-                                                            "bisect"]
-    assert [r.params["search_step"] for r in results] == ["1", "2", "3", "4", "5"]
+                                                            "bisect"] + ["second window at the knee"] * 2
+    assert [r.params["search_step"] for r in results] == ["1", "2", "3", "4", "5", "6", "7"]
     assert results[0].params["search_grid_cores"] == "1 2 3 4 6 8 12"
     [out] = c.outcomes
     assert out.stop is Stop.SETTLED and out.estimate.knee == KNEE and out.estimate.settled
-    assert out.trials == 5 < len(p.trials) == 21 and out.gpu_seconds == 50.0
-    assert "stopped (settled) after 5 trial(s), 50 trial-s; knee: 4 cores" in out.line()
+    assert out.trials == 7 < len(p.trials) == 21 and out.gpu_seconds == 70.0
+    assert "stopped (settled) after 7 trial(s), 70 trial-s; knee: 4 cores" in out.line()
     states = [t.state for t in c.trials.values()]
-    assert states.count(TrialState.COMPLETED) == 5 and states.count(TrialState.PENDING) == 16
+    assert states.count(TrialState.COMPLETED) == 7 and states.count(TrialState.PENDING) == 14
     assert TrialState.FAILED not in states  # trials never chosen are not failures
     # the sweep's end gets the trials the search ran: a tracker then calls the sweep complete
     assert [t.trial_id for t in ends.plans[0].trials] == [r.trial_id for r in sorted(
@@ -113,7 +114,7 @@ def test_a_second_run_with_every_trial_finished_runs_none_of_them():
     second = SweepController(p, again, finished=lambda: set(history), history=lambda: history)
     assert second.run() == [] and again.calls == []
     assert second.outcomes[0].stop is Stop.SETTLED and second.outcomes[0].estimate.knee == KNEE
-    assert sum(t.state is TrialState.SKIPPED for t in second.trials.values()) == 5
+    assert sum(t.state is TrialState.SKIPPED for t in second.trials.values()) == 7
 
 
 def test_an_interrupted_search_resumes_where_it_stopped():
@@ -129,8 +130,8 @@ def test_an_interrupted_search_resumes_where_it_stopped():
     rest.calls = [None, None]  # the call numbering (the seeds) of an uninterrupted run goes on
     second = SweepController(p, rest, finished=lambda: set(history), history=lambda: history)
     second.run()
-    assert rest.calls[2:] == [(4, 0), (2, 0), (3, 0)]  # never 12 or 1 again
-    assert second.outcomes[0].stop is Stop.SETTLED and second.outcomes[0].trials == 5
+    assert rest.calls[2:] == [(4, 0), (2, 0), (3, 0), (3, 1), (4, 1)]  # never 12 or 1 again
+    assert second.outcomes[0].stop is Stop.SETTLED and second.outcomes[0].trials == 7
 
 
 def test_max_trials_and_max_gpu_hours_stop_the_search():
@@ -193,7 +194,7 @@ def test_a_search_is_tracked_tagged_and_resumed_from_mlflow(tmp_path: Path):
     p = plan()
     tracker = MlflowTracker(uri, outbox_dir=tmp_path / "outbox")
     first = SweepController(p, Fake(), observers=[tracker])
-    assert len(first.run()) == 5
+    assert len(first.run()) == 7
     lines = _search_end(first.outcomes, tracker, p.spec.name)
     assert lines == [first.outcomes[0].line()]
 
@@ -203,10 +204,10 @@ def test_a_search_is_tracked_tagged_and_resumed_from_mlflow(tmp_path: Path):
     assert parent.data.tags["search_stop_reason"] == "settled"
     assert parent.data.tags["search_knee"] == first.outcomes[0].estimate.sentence()
     runs = trial_runs(client, p.spec.name)
-    assert sorted(r.data.params["search_step"] for r in runs) == ["1", "2", "3", "4", "5"]
+    assert sorted(r.data.params["search_step"] for r in runs) == ["1", "2", "3", "4", "5", "6", "7"]
 
     history = search_history(p.spec.name, uri, tmp_path / "outbox")
-    assert len(history) == 5 and all(len(t.ttfts) == 200 for t in history.values())
+    assert len(history) == 7 and all(len(t.ttfts) == 200 for t in history.values())
     again = Fake()
     second = SweepController(p, again, observers=[tracker], finished=lambda: tracker.finished_trial_ids(p.spec.name),
                              history=lambda: search_history(p.spec.name, uri, tmp_path / "outbox"))
@@ -214,7 +215,7 @@ def test_a_search_is_tracked_tagged_and_resumed_from_mlflow(tmp_path: Path):
     out = second.outcomes[0]
     assert out.stop is Stop.SETTLED and out.estimate.knee == KNEE
     assert out.estimate.sentence() == first.outcomes[0].estimate.sentence()  # the same windows, read back
-    assert len(trial_runs(client, p.spec.name)) == 5  # no trial id has a second run
+    assert len(trial_runs(client, p.spec.name)) == 7  # no trial id has a second run
 
 
 def test_a_count_whose_requests_mostly_timed_out_is_measured_but_has_no_figure():

@@ -51,10 +51,23 @@ def test_bisects_between_the_knee_and_the_largest_measured_count_below_it():
 
 
 def test_stops_settled_when_the_interval_spans_one_step_and_the_count_below_is_measured():
-    d = next_cores(GRID, {1: 1, 2: 1, 3: 1, 4: 1, 12: 1}, Est(3, 3, 4), 3)
+    d = next_cores(GRID, {1: 1, 2: 2, 3: 2, 4: 1, 12: 1}, Est(3, 3, 4), 3)
     assert d.done and d.stop is Stop.SETTLED and d.reason is None
     # the fewest cores as the knee needs nothing below it
-    assert next_cores(GRID, {1: 1, 12: 1}, Est(1, 1, 2), 3).stop is Stop.SETTLED
+    assert next_cores(GRID, {1: 2, 12: 1}, Est(1, 1, 2), 3).stop is Stop.SETTLED
+
+
+def test_a_settled_knee_with_one_window_there_or_below_gets_a_second_first():
+    """One window at the knee or at the count below it leaves window-to-window noise out of the interval:
+    the count below first, then the knee; a cap of one window a count stops at once."""
+    d = next_cores(GRID, {1: 1, 2: 1, 3: 1, 4: 1, 12: 1}, Est(3, 3, 4), 3)
+    assert (d.cores, d.reason, d.stop) == (2, Reason.KNEE_NOISE, None)
+    d = next_cores(GRID, {1: 1, 2: 2, 3: 1, 4: 1, 12: 1}, Est(3, 3, 4), 3)
+    assert (d.cores, d.reason) == (3, Reason.KNEE_NOISE)
+    assert next_cores(GRID, {1: 1, 2: 1, 3: 1, 4: 1, 12: 1}, Est(3, 3, 4), 1).stop is Stop.SETTLED
+    d = next_cores(GRID, {1: 1, 12: 1}, Est(1, 1, 2), 3)  # the knee at the fewest cores: itself only
+    assert (d.cores, d.reason) == (1, Reason.KNEE_NOISE)
+    assert next_cores(GRID, {1: 1, 2: 1, 12: 1}, Est(2, 2, 3), 3).cores == 1
 
 
 def test_an_unsettled_interval_gets_a_window_fewest_windows_first_the_knee_among_equals():

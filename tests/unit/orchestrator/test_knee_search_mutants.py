@@ -50,11 +50,11 @@ def test_settled_needs_only_the_count_just_below_the_knee():
     """Pins the bracket clause of the SETTLED stop: it looks at the count just below the knee (``grid[i - 1]``),
     not the one above it nor two below, and a knee at the most cores is settled too."""
     # the count above the knee (6) unmeasured: still settled
-    assert next_cores(GRID, {1: 1, 2: 1, 3: 1, 4: 1, 12: 1}, Est(4, 4, 6), 3).stop is Stop.SETTLED
+    assert next_cores(GRID, {1: 1, 2: 1, 3: 2, 4: 2, 12: 1}, Est(4, 4, 6), 3).stop is Stop.SETTLED
     # the count two below the knee (2) unmeasured: still settled
-    assert next_cores(GRID, {1: 1, 3: 1, 4: 1, 12: 1}, Est(4, 4, 6), 3).stop is Stop.SETTLED
+    assert next_cores(GRID, {1: 1, 3: 2, 4: 2, 12: 1}, Est(4, 4, 6), 3).stop is Stop.SETTLED
     # the knee at the most cores, the count below it measured
-    assert next_cores(GRID, {1: 1, 8: 1, 12: 1}, Est(12, 8, 12), 3).stop is Stop.SETTLED
+    assert next_cores(GRID, {1: 1, 8: 2, 12: 2}, Est(12, 8, 12), 3).stop is Stop.SETTLED
 
 
 def test_narrowing_wants_the_low_end_of_the_interval():
