@@ -132,9 +132,10 @@ def one_seed(args: tuple[Path, int]) -> dict[str, Outcome]:
     ix = allowed.index
     ref = grid(Replay(real, np.random.default_rng([seed, 0])), allowed, 6, seed)
     out = {}
-    for k, (name, run) in enumerate(DESIGNS.items(), start=1):
-        # each design its own streams: adding one leaves the others' draws as they were
-        ra, rb = Replay(real, np.random.default_rng([seed, k, 0])), Replay(real, np.random.default_rng([seed, k, 1]))
+    for name, run in DESIGNS.items():
+        # every design the same streams (common random numbers): two designs differ by their rule, not by
+        # their draws, and a design's figures do not move when another is added
+        ra, rb = Replay(real, np.random.default_rng([seed, 1])), Replay(real, np.random.default_rng([seed, 2]))
         a, b = run(ra, allowed, seed), run(rb, allowed, seed + 10_000)
         out[name] = Outcome(a.knee == ref.knee, abs(ix(a.knee) - ix(ref.knee)) <= 1,
                             (a.low, a.high) == (ref.low, ref.high), a.low <= ref.knee <= a.high, a.settled,

@@ -28,8 +28,9 @@ The search (:func:`next_cores`), validated offline by ``benchmarks/knee_search_s
 
    Tried and not adopted (``benchmarks/knee_search_sim.py``'s "tried" rows): narrowing also at grid counts
    inside the interval that have no window yet. The H200 search of 2026-12-04 stopped on 2-4 cores without
-   ever measuring 3; measuring such counts cost about as many windows and named the grid's knee less often
-   (91% and 94% of seeds against 95% and 93%).
+   ever measuring 3; on top of the rule above, measuring such counts named the grid's knee in 97% and 96% of
+   seeds (against 95% and 96%) for 0.4 and 1.7 more windows, and settled less often (84% and 75% against
+   90% and 83%).
 
 The budget (:func:`budget_stop`): a search also stops once it ran ``max_trials`` trials or spent
 ``max_gpu_hours`` (each trial's held seconds times its GPUs, a CPU trial's once).
@@ -59,8 +60,9 @@ class Reason(str, enum.Enum):
 
 # Windows the knee and the count just below it need before the search stops settled: with one, the interval
 # has no window-to-window noise in it (the estimate draws that window's requests only). Replayed on both dense
-# H200 curves (benchmarks/results/knee-search-sim.md, 300 seeds, at most 3 windows a count), it named the
-# 6-repeat grid's knee in 96% and 97% of seeds instead of 95% and 93%, for 0.7-1.3 more windows.
+# H200 curves (benchmarks/results/knee-search-sim.md, 500 seeds, the same draws for both rules, at most 3
+# windows a count), it named the 6-repeat grid's knee in 95% and 96% of seeds instead of 92% and 93%, and two
+# runs named the same knee in 91% and 95% instead of 84% and 89%, for 0.9 and 1.3 more windows.
 KNEE_WINDOWS = 2
 
 
