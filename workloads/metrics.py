@@ -90,11 +90,17 @@ def tokenize_ms_per_1k(records: Sequence[RequestRecord]) -> float | None:
 
 
 def first_cached_tokens(records: Sequence[RequestRecord]) -> int | None:
-    """Cached prompt tokens the server reported for the first request sent (earliest ``sent_ns``);
-    0 shows the window started from an empty prefix cache. None if unreported or no records."""
+    """Cached prompt tokens the server reported for the window's first request served: the fewest among the
+    requests sent before any first token came back (the earliest ``sent_ns`` alone when none did). 0 shows
+    the window started from an empty prefix cache. Concurrent opening requests reach the server in any order,
+    and the one served second finds the first's shared prefix: the earliest sent once read 256 cached tokens
+    after a reset. None if unreported or no records."""
     if not records:
         return None
-    return min(records, key=lambda r: r.sent_ns).cached_tokens
+    firsts = [r.first_token_ns for r in records if r.first_token_ns]
+    opening = [r for r in records if r.sent_ns <= min(firsts)] if firsts else []
+    cached = [r.cached_tokens for r in opening if r.cached_tokens is not None]
+    return min(cached) if cached else min(records, key=lambda r: r.sent_ns).cached_tokens
 
 
 def prompt_tokens_vs_recorded(records: Sequence[RequestRecord]) -> list[float]:

@@ -140,6 +140,12 @@ def test_client_tokenize_cost_and_first_cached_tokens() -> None:
     assert math.isclose(metrics.tokenize_ms_per_1k([R1, R2, R3]), 15.0)
     assert metrics.tokenize_ms_per_1k([R3]) is None
     assert metrics.first_cached_tokens([R2, R1]) == 80  # R1 was sent first, whatever the order
+    # two opening requests of a shared prefix, the earliest sent served second: the window still started cold
+    late = rec("a", scheduled=0, sent=0, tokens=(90 * MS,), end=90 * MS, prompt=300, cached=256)
+    early = rec("b", scheduled=0, sent=1 * MS, tokens=(50 * MS,), end=50 * MS, prompt=300, cached=0)
+    after = rec("c", scheduled=0, sent=95 * MS, tokens=(99 * MS,), end=99 * MS, prompt=300, cached=0)
+    assert metrics.first_cached_tokens([late, early]) == 0
+    assert metrics.first_cached_tokens([late, after]) == 256  # sent after a first token: not an opening request
     assert metrics.first_cached_tokens([]) is None
     out = metrics.summarize([R1, R2, R3])
     assert math.isclose(out["client_tokenize_ms_per_1k"], 15.0) and out["window_first_cached_tokens"] == 80
