@@ -3,11 +3,13 @@
 - :class:`TickClock`: monotonic seconds that move only when told, one tick at a time, calling listeners
   (a telemetry sampler) at every tick;
 - :class:`Remote`: an actor handle whose ``method.remote(*a)`` calls the method at once;
-- :func:`agentic_trial`: a small agentic trial of the tiny shape, no warm-up.
+- :func:`agentic_trial`: a small agentic trial of the tiny shape, no warm-up;
+- :class:`Est` and ``GRID``: a knee estimate as the knee search reads it, and a 7-count grid.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.plan.expand import expand
@@ -59,3 +61,16 @@ def agentic_trial(*, name: str = "m", cores: int = 1, repeat: int = 0, crosschec
         "protocol": {"warmup_s": 0, "crosscheck": crosscheck},
     })
     return expand(spec).trials[repeat]
+
+
+GRID = [1, 2, 3, 4, 6, 8, 12]
+
+
+@dataclass(frozen=True)
+class Est:
+    """What orchestrator.plan.knee_search reads of a knee estimate."""
+
+    knee: int | None
+    low: int | None
+    high: int | None
+    window_figures: tuple[tuple[int, float], ...] = ()

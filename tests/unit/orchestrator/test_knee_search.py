@@ -3,22 +3,11 @@ steps, the stop rules and the budget."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from orchestrator.plan.knee_search import (Reason, Stop, budget_stop, gpu_seconds, next_cores,
                                            relative_half_width)
-
-GRID = [1, 2, 3, 4, 6, 8, 12]
-
-
-@dataclass(frozen=True)
-class Est:
-    knee: int | None
-    low: int | None
-    high: int | None
-    window_figures: tuple[tuple[int, float], ...] = ()
+from fakes import GRID, Est
 
 
 NONE = Est(None, None, None)

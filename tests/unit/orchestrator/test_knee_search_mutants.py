@@ -6,21 +6,11 @@ a window figure, and the ``until_ci`` edge."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 
 from orchestrator.plan.knee_search import Reason, Stop, next_cores, relative_half_width
-
-GRID = [1, 2, 3, 4, 6, 8, 12]
-
-
-@dataclass(frozen=True)
-class Est:
-    knee: int | None
-    low: int | None
-    high: int | None
-    window_figures: tuple[tuple[int, float], ...] = ()
+from fakes import GRID, Est
 
 
 def test_a_count_with_no_windows_yet_is_not_measured():
