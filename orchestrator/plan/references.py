@@ -49,7 +49,6 @@ class ReferencePlan:
     def __init__(self, trials: Iterable[TrialSpec] = ()) -> None:
         self._lock = threading.Lock()
         self._configs: dict[tuple[tuple[str, str], ...], _Config] = {}
-        self._names: dict[tuple[tuple[str, str], ...], str] = {}
         for t in trials:
             if t.protocol.crosscheck == "auto":
                 self._config(t)
@@ -59,7 +58,6 @@ class ReferencePlan:
         c = self._configs.get(key)
         if c is None:  # a trial the plan did not list: its own cores are both ends until others come
             c = self._configs[key] = _Config(trial.cores, trial.cores, {}, set(), {})
-            self._names[key] = f"{trial.model.name} {trial.workload.name}"
         c.fewest, c.most = min(c.fewest, trial.cores), max(c.most, trial.cores)
         return c
 
@@ -88,7 +86,8 @@ class ReferencePlan:
         with self._lock:
             c = self._config(trial)
             if ratio is None or ratio != ratio:  # None or NaN
-                c.claimed.discard(trial.cores)
+                if why in (FEWEST, MOST):  # a failed re-check after a disagreement gives no end back
+                    c.claimed.discard(trial.cores)
                 reasons = c.ran.get(trial.cores, [])
                 if why in reasons:
                     reasons.remove(why)
@@ -100,8 +99,9 @@ class ReferencePlan:
         with self._lock:
             out = []
             for key, c in self._configs.items():
+                f = dict(key)
                 where = [f"{n} cores ({', '.join(ws)})" for n, ws in sorted(c.ran.items()) if ws]
-                out.append(f"references (crosscheck: auto), {self._names[key]}: "
+                out.append(f"references (crosscheck: auto), {f['model']} {f['workload']}: "
                            + (", ".join(where) if where else "none ran"))
             return out
 

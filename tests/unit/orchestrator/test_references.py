@@ -69,6 +69,15 @@ def test_an_end_whose_references_measured_nothing_goes_back():
     refs.record(retry, MOST, float("nan"))
     assert refs.claim(_at(trials, 8, 0)) == MOST
     assert refs.summary() == ["references (crosscheck: auto), tiny a: 8 cores (most cores)"]
+    # a re-check after a disagreement that measured nothing gives back no end
+    refs = ReferencePlan(trials)
+    first = _at(trials, 1, 0)
+    refs.record(first, refs.claim(first), 1.5)
+    again = _at(trials, 1, 1)
+    why = refs.claim(again)
+    assert why == "disagreed by +50%"
+    refs.record(again, why, None)
+    assert refs.claim(_at(trials, 1, 0)) == "disagreed by +50%"  # not "fewest cores" a second time
 
 
 def test_other_settings_are_not_decided_here():
