@@ -35,7 +35,7 @@ from orchestrator.node.hostfacts import host_facts
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
 from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
-from orchestrator.node.restrict import tree_pids, verify_self
+from orchestrator.node.restrict import throttling, tree_pids, verify_self
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import TelemetrySampler, delta, rows_in_span, scrape, span_readings
@@ -217,6 +217,7 @@ class ReplicaActor:
         self._profile_result: tuple[dict[str, float], dict[str, str]] | None = None
         self._windows = 0
         self.before: Any = None
+        self.cpu_stat_before: dict[str, int] = {}
         self.tokenizer_path = ""
         self._lock = threading.Lock()
         self._stopped = False
@@ -342,6 +343,7 @@ class ReplicaActor:
         else:
             facts["prefix_cache_reset"] = "off"
         self.before = scrape(self.replica.base_url)
+        self.cpu_stat_before = self.replica.restriction.cpu_stat()
         tel = t.telemetry
         root = self.replica.pid
         # The CPU accounting and the roles are read by the sampler, every period, with its samples:
@@ -423,6 +425,8 @@ class ReplicaActor:
                 t0, t1 = (readings[0][0], readings[-1][0]) if readings else (0.0, 0.0)
             accounting, roles, facts = window_counters(readings, t0, t1, self.replica.pid, len(self.replica.cores))
             span_facts.update(facts)
+        # CFS bandwidth control over the window (quota; the group's own counters, begin_window to here)
+        accounting.update(throttling(self.cpu_stat_before, self.replica.restriction.cpu_stat()))
         self.accounting = self.roles = None
         attribution, attribution_params = self._attribution(requests, roles)
         if self.gpu_capture is not None:  # captured in this window

@@ -114,6 +114,36 @@ def _make_group(layout: CgroupLayout, controller: str, name: str) -> Path:
     return group
 
 
+def parse_cpu_stat(path: Path) -> dict[str, int]:
+    """``key value`` lines of a cgroup's ``cpu.stat`` as integers; empty when the file cannot be read."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    if "throttled_time" in out and "throttled_usec" not in out:  # cgroup v1 counts nanoseconds
+        out["throttled_usec"] = out["throttled_time"] // 1000
+    return out
+
+
+def throttling(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """What CFS bandwidth control did between two ``cpu.stat`` readings (pure): the periods the group ran
+    in, the share of them it was throttled in, and the seconds its threads waited throttled. Empty when
+    either reading lacks the counters (no cpu controller on the group: cpuset, affinity)."""
+    keys = ("nr_periods", "nr_throttled", "throttled_usec")
+    if not all(k in before and k in after for k in keys):
+        return {}
+    periods = after["nr_periods"] - before["nr_periods"]
+    throttled = after["nr_throttled"] - before["nr_throttled"]
+    return {"cgroup_periods": float(periods), "cgroup_throttled_periods": float(throttled),
+            "cgroup_throttled_frac": throttled / periods if periods > 0 else 0.0,
+            "cgroup_throttled_s": (after["throttled_usec"] - before["throttled_usec"]) / 1e6}
+
+
 def _quota_text(n_cores: int) -> str:
     return f"{n_cores * PERIOD_US} {PERIOD_US}"
 
@@ -269,6 +299,13 @@ class Restriction:
         for controller, group in list(self.groups.items()):
             _remove_group(group)
             del self.groups[controller]
+
+    def cpu_stat(self) -> dict[str, int]:
+        """The counters of the group's ``cpu.stat`` (with the cpu controller ``nr_periods``, ``nr_throttled`` and
+        ``throttled_usec``, v1's ``throttled_time`` converted; v2 adds ``usage_usec``); empty for affinity."""
+        for group in self.groups.values():
+            return parse_cpu_stat(group / "cpu.stat")
+        return {}
 
     def describe(self) -> dict[str, str]:
         out = {"restriction_mode": self.mode, "restriction_cpus": format_cpulist(self.cpus)}
@@ -502,5 +539,6 @@ def remove_stale(base: Path | None = None) -> list[str]:
 
 
 __all__ = ["CgroupLayout", "LAUNCHER", "MODES", "Mode", "Restriction", "RestrictionError", "Verification",
+           "parse_cpu_stat", "throttling",
            "choose_mode", "detect_layout", "process_cgroup", "remove_stale", "repin", "set_tree_affinity",
            "pid_alive", "thread_cpus", "tree_pids", "verify_self", "verify_tree"]

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.restrict import (Restriction, RestrictionError, choose_mode, detect_layout, process_cgroup,
-                                   read_quota, verify_self, verify_tree)
+                                   parse_cpu_stat, read_quota, throttling, verify_self, verify_tree)
 
 # A parent with 3 threads and a child with 2 threads; "busy" makes the parent's threads spin.
 TREE = r'''
@@ -156,16 +156,30 @@ def test_quota_throttles_and_repins() -> None:
         assert not stale.ok and "cpu.max" in stale.violations[0]
         # 3 spinning threads under 1 core of quota: the kernel throttles the group, by its own count
         # (cpu.stat's nr_throttled; no wall-clock bound: the deadline is only how long to wait for it)
-        stat = Path(r.groups["cpu"]) / "cpu.stat"
+        before = r.cpu_stat()
         deadline = time.monotonic() + 60
-        while _throttled(stat) == 0 and time.monotonic() < deadline:
+        while r.cpu_stat()["nr_throttled"] == before["nr_throttled"] and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _throttled(stat) > 0, stat.read_text()
+        seen = throttling(before, r.cpu_stat())
+        assert seen["cgroup_throttled_periods"] > 0, seen
+        assert 0 < seen["cgroup_throttled_frac"] <= 1 and seen["cgroup_throttled_s"] > 0, seen
 
 
-def _throttled(stat: Path) -> int:
-    fields = dict(line.split() for line in stat.read_text().splitlines() if line.strip())
-    return int(fields["nr_throttled"])
+def test_throttling_counts_only_what_the_cpu_controller_reports(tmp_path: Path) -> None:
+    stat = tmp_path / "cpu.stat"
+    stat.write_text("usage_usec 900\nnr_periods 10\nnr_throttled 4\nthrottled_usec 250000\n")
+    before = parse_cpu_stat(stat)
+    stat.write_text("usage_usec 1900\nnr_periods 30\nnr_throttled 9\nthrottled_usec 1250000\n")
+    assert throttling(before, parse_cpu_stat(stat)) == {
+        "cgroup_periods": 20.0, "cgroup_throttled_periods": 5.0, "cgroup_throttled_frac": 0.25,
+        "cgroup_throttled_s": 1.0}
+    # a cpuset group (no cpu controller) has usage only: no throttling figures, not zeros
+    assert throttling({"usage_usec": 1}, {"usage_usec": 2}) == {}
+    assert parse_cpu_stat(tmp_path / "missing") == {}
+    stat.write_text("nr_periods 7\nnr_throttled 2\nthrottled_time 3000000\n")  # cgroup v1: nanoseconds
+    assert parse_cpu_stat(stat)["throttled_usec"] == 3000
+    assert throttling({"nr_periods": 5, "nr_throttled": 0, "throttled_usec": 0},
+                      {"nr_periods": 5, "nr_throttled": 0, "throttled_usec": 0})["cgroup_throttled_frac"] == 0.0
 
 
 @pytest.mark.parametrize("requested", ["cpuset", "affinity", "quota"])
