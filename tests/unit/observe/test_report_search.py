@@ -42,15 +42,32 @@ def test_a_grid_has_no_why_table(sweep):
     assert why_table(sweep.trials, labels={}).empty and cost_table(why_table(sweep.trials, labels={})).empty
 
 
-def test_cost_against_a_three_repeat_grid(sweep):
-    [row] = cost_table(why_table(searched(sweep.trials, gpus=2), labels={})).to_dict("records")
+def test_cost_against_a_three_repeat_grid_of_fresh_starts(sweep):
+    trials = searched(sweep.trials, gpus=2)
+    trials.loc[trials["search_reason"].notna(), "startup_s"] = 15.0  # every trial started its own vLLM
+    [row] = cost_table(why_table(trials, labels={})).to_dict("records")
     spent = sum(20.0 + s for s in range(1, 6))
-    assert row["trials"] == 5 and row["gpus"] == 2 and row["grid_core_counts"] == 4
+    assert row["trials"] == 5 and row["gpus"] == 2 and row["grid_core_counts"] == 4 and row["starts"] == 5
     assert row["spent_gpu_s"] == pytest.approx(spent * 2)
-    assert row["grid_x3_gpu_s"] == pytest.approx(spent / 5 * 4 * 3 * 2)
+    assert row["grid_x3_gpu_s"] == pytest.approx(spent / 5 * 4 * 3 * 2)  # 12 trials of the mean, each a start
     assert row["share_of_grid"] == pytest.approx(5 / 12)
     [cpu] = cost_table(why_table(searched(sweep.trials, gpus=0), labels={})).to_dict("records")
     assert cpu["spent_gpu_s"] == pytest.approx(spent)  # a CPU trial counts its seconds once
+
+
+def test_a_re_pinned_search_charges_the_grid_its_one_start_once(sweep):
+    """The H200 search of 2026-12-04: a cold start of 226 s in its first trial, then re-pinned windows of
+    10-14 s; the grid it is set against pays that start once, not once per mean trial."""
+    trials = searched(sweep.trials, gpus=1)
+    first = trials["search_step"] == "1"
+    trials.loc[first, ["trial_duration_s", "startup_s"]] = [240.0, 226.0]
+    why = why_table(trials, labels={})
+    [row] = cost_table(why).to_dict("records")
+    windows = [240.0 - 226.0] + [20.0 + s for s in range(2, 6)]
+    assert row["starts"] == 1 and row["start_s"] == pytest.approx(226.0)
+    assert row["mean_window_s"] == pytest.approx(sum(windows) / 5)
+    assert row["grid_x3_gpu_s"] == pytest.approx(226.0 + 12 * sum(windows) / 5)
+    assert row["share_of_grid"] == pytest.approx((240.0 + sum(windows[1:])) / (226.0 + 12 * sum(windows) / 5))
 
 
 def test_the_report_writes_and_shows_the_search(sweep, tmp_path: Path):
