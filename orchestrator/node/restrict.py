@@ -378,19 +378,6 @@ def set_tree_affinity(root_pid: int, cpus: frozenset[int], passes: int = 5) -> i
     return changed_total
 
 
-def repin(root_pid: int, cpus: frozenset[int], mode: str = "affinity", base: Path | None = None) -> None:
-    """Re-pin a live tree without a Restriction object: the cgroup is found from ``/proc/<pid>/cgroup``."""
-    layout = detect_layout(base)
-    if mode == "affinity" or layout is None:
-        set_tree_affinity(root_pid, cpus)
-        return
-    controller = "cpuset" if mode == "cpuset" else "cpu"
-    group = process_cgroup(root_pid, layout, controller)
-    if group is None:
-        raise RestrictionError(f"pid {root_pid} has no {controller} cgroup")
-    Restriction(group.name, mode, frozenset(cpus), base=base, groups={controller: group}).repin(root_pid, cpus)
-
-
 def process_cgroup(pid: int, layout: CgroupLayout, controller: str) -> Path | None:
     """The folder of ``pid``'s cgroup for ``controller``; None if the process is gone."""
     try:
@@ -518,27 +505,7 @@ def verify_self(expected: frozenset[int], *, strict: bool = True) -> Verificatio
     return verify_tree(os.getpid(), expected, "affinity", strict=strict)
 
 
-def remove_stale(base: Path | None = None) -> list[str]:
-    """Remove our leftover empty cgroups (a crashed run's); returns the ones removed."""
-    layout = detect_layout(base)
-    removed: list[str] = []
-    if layout is None:
-        return removed
-    for controller in ("cpuset", "cpu"):
-        root = layout.root(controller)
-        if not root.is_dir():
-            continue
-        for group in root.iterdir():
-            if group.is_dir() and not _read(group / "cgroup.procs"):
-                try:
-                    _remove_group(group, timeout_s=0.5)
-                    removed.append(str(group))
-                except RestrictionError:
-                    pass
-    return removed
-
-
 __all__ = ["CgroupLayout", "LAUNCHER", "MODES", "Mode", "Restriction", "RestrictionError", "Verification",
            "parse_cpu_stat", "throttling",
-           "choose_mode", "detect_layout", "process_cgroup", "remove_stale", "repin", "set_tree_affinity",
+           "choose_mode", "detect_layout", "process_cgroup", "set_tree_affinity",
            "pid_alive", "thread_cpus", "tree_pids", "verify_self", "verify_tree"]

@@ -26,13 +26,14 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from orchestrator.values.trial import SweepPlan, TrialSpec
+from workloads.records import records_to_frame
 from orchestrator.values.results import TrialResult, TrialStatus
 
 FORMAT_VERSION = 1
@@ -121,24 +122,8 @@ def trial_params(trial: TrialSpec, learnt: Mapping[str, str]) -> dict[str, str]:
 
 
 def records_frame(records: Iterable[Any]) -> pd.DataFrame:
-    """Per-request records as a frame: ``workloads.records.records_to_frame`` when available."""
-    records = list(records)
-    try:
-        from workloads.records import records_to_frame
-        return records_to_frame(records)
-    except ImportError:  # records module absent: fall back to a generic conversion
-        pass
-    rows = []
-    for r in records:
-        if is_dataclass(r) and not isinstance(r, type):
-            rows.append(asdict(r))
-        elif hasattr(r, "model_dump"):
-            rows.append(r.model_dump())
-        elif isinstance(r, Mapping):
-            rows.append(dict(r))
-        else:
-            rows.append(dict(vars(r)))
-    return pd.DataFrame(rows)
+    """Per-request records as a frame (``workloads.records.records_to_frame``)."""
+    return records_to_frame(list(records))
 
 
 def telemetry_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:

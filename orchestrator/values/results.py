@@ -16,7 +16,7 @@ class ErrorKind(str, enum.Enum):
     """Why a trial failed. Retryable kinds are infrastructure trouble, not a bad config."""
 
     NONE = "none"
-    CONFIG = "config"                  # bad spec or a trial that cannot fit: never retried
+    CONFIG = "config"                  # bad spec or workload input: never retried
     CANNOT_FIT = "cannot_fit"          # not enough cores/GPUs on any node: never retried
     STARTUP_TIMEOUT = "startup_timeout"  # server never got healthy before its deadline
     SERVER_DIED = "server_died"        # server exited before or during the measurement

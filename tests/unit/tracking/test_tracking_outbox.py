@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from orchestrator.observe import outbox
 from orchestrator.values.trial import SweepPlan
@@ -134,10 +133,3 @@ def test_outbox_orders_entries_and_filters_by_sweep(tmp_path: Path):
     assert sorted(outbox.sweeps(tmp_path)) == ["sweep-a", "sweep-b"]
     e = outbox.pending(tmp_path, "sweep-b")[0]
     assert e.file("records.parquet") is None and e.file("artifacts") is None   # a failed trial has none
-
-
-def test_records_frame_falls_back_for_plain_objects(monkeypatch: pytest.MonkeyPatch):
-    import sys
-    monkeypatch.setitem(sys.modules, "workloads.records", None)  # as if the module were absent
-    frame = outbox.records_frame([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
-    assert frame.to_dict("records") == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
