@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 
+class WorkloadInputError(ValueError):
+    """The workload's input cannot make a load (a file, a line or a setting the user must fix): retrying
+    the trial would fail the same way, so the executor classifies it as a final ``config`` error. Raised by
+    the loaders, and by a turn or session built from input that breaks their rules."""
+
+
 class Message(NamedTuple):
     """One chat message, ``{"role": role, "content": content}`` on the wire."""
 
@@ -66,11 +72,11 @@ class Turn:
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.append:
-            raise ValueError("a chat turn carries messages, not blocks")
+            raise WorkloadInputError("a chat turn carries messages, not blocks")
         if self.output_tokens < 1:
-            raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
+            raise WorkloadInputError(f"output_tokens must be >= 1, got {self.output_tokens}")
         if self.think_s < 0:
-            raise ValueError(f"think_s must be >= 0, got {self.think_s}")
+            raise WorkloadInputError(f"think_s must be >= 0, got {self.think_s}")
 
     @property
     def append_tokens(self) -> int:
@@ -95,11 +101,11 @@ class Session:
 
     def __post_init__(self) -> None:
         if not self.turns:
-            raise ValueError(f"session {self.session_id!r} has no turns")
+            raise WorkloadInputError(f"session {self.session_id!r} has no turns")
         if self.start_s is not None and self.start_s < 0:
-            raise ValueError(f"start_s must be >= 0, got {self.start_s}")
+            raise WorkloadInputError(f"start_s must be >= 0, got {self.start_s}")
         if len({t.is_chat for t in self.turns}) > 1:
-            raise ValueError(f"session {self.session_id!r} mixes chat turns and block turns")
+            raise WorkloadInputError(f"session {self.session_id!r} mixes chat turns and block turns")
 
     @property
     def is_chat(self) -> bool:
@@ -120,4 +126,4 @@ class Session:
             sum(t.output_tokens for t in self.turns[:turn])
 
 
-__all__ = ["Block", "Message", "Session", "Turn"]
+__all__ = ["Block", "Message", "Session", "Turn", "WorkloadInputError"]

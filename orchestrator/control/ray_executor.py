@@ -484,12 +484,12 @@ class _Lane:
             return ex.failed(trial, tdir, exc.kind, str(exc), facts, started)
         except (RayActorError, ray.exceptions.NodeDiedError) as exc:
             # An exception in an actor's constructor is our bug, not a lost node: never retried.
-            kind = ErrorKind.INTERNAL if "creation task" in str(exc) else ErrorKind.NODE_DIED
+            kind = ErrorKind.INTERNAL if getattr(exc, "actor_init_failed", False) else ErrorKind.NODE_DIED
             if lease is not None and kind is ErrorKind.NODE_DIED:
                 ex.book.avoid(trial.trial_id, lease.node)  # the retry goes to another node when there is one
             return ex.failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
-            kind = _task_error_kind(exc.cause, str(exc))  # str() holds the remote traceback
+            kind = _task_error_kind(exc.cause)
             return ex.failed(trial, tdir, kind, _last_line(str(exc.cause or exc)), facts, started)
         finally:
             if lease is not None:
@@ -514,22 +514,19 @@ def _last_line(text: str) -> str:
     return " | ".join(lines[-3:])[:500] if lines else text
 
 
-def _task_error_kind(cause: BaseException | None, traceback: str = "") -> ErrorKind:
-    """The kind of an exception raised inside a Ray task (``RayTaskError.cause``).
+def _task_error_kind(cause: BaseException | None) -> ErrorKind:
+    """The kind of an exception raised inside a Ray task (``RayTaskError.cause``), by its type.
 
-    A bad input met on the node (a trace line, a model folder or tokenizer, the spec, the text
-    corpus) is the user's to fix, so it is the final ``CONFIG``: retrying it would fail the same
-    way. So is a plain ValueError raised by a loader (its traceback passes through
-    ``workloads/loaders/``). Anything else raised in a task is our bug: ``INTERNAL``.
+    A bad input met on the node (a trace line or a workload setting that makes no load, a model folder or
+    tokenizer, the spec, the text corpus) is the user's to fix, so it is the final ``CONFIG``: retrying it
+    would fail the same way. Anything else raised in a task is our bug: ``INTERNAL``.
     """
     from orchestrator.plan.models import ModelError
     from orchestrator.plan.load import SpecError
     from workloads.corpus import CorpusError
-    from workloads.loaders import TraceError
+    from workloads.loaders import WorkloadInputError
 
-    if isinstance(cause, (TraceError, ModelError, SpecError, CorpusError)):
-        return ErrorKind.CONFIG
-    if isinstance(cause, ValueError) and "workloads/loaders/" in traceback:
+    if isinstance(cause, (WorkloadInputError, ModelError, SpecError, CorpusError)):
         return ErrorKind.CONFIG
     return ErrorKind.INTERNAL
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload
 from ..text import TextFactory
 from ..trace import Session
-from ._common import TraceError
+from ._common import TraceError, WorkloadInputError
 from .agentic import generate_agentic
 from .azure import load_azure
 from .mooncake import load_mooncake
@@ -37,4 +37,4 @@ def load_sessions(spec: AgenticWorkload | MooncakeWorkload | AzureWorkload | Rec
     raise TypeError(f"no loader for workload kind {getattr(spec, 'kind', type(spec).__name__)!r}")
 
 
-__all__ = ["TraceError", "generate_agentic", "load_azure", "load_mooncake", "load_recorded", "load_sessions"]
+__all__ = ["TraceError", "WorkloadInputError", "generate_agentic", "load_azure", "load_mooncake", "load_recorded", "load_sessions"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..trace import Block
+from ..trace import Block, WorkloadInputError
 
 
-class TraceError(ValueError):
+class TraceError(WorkloadInputError):
     """A trace file that cannot be replayed; ``str()`` is ``<file name>:<line>: <problem>``."""
 
     def __init__(self, path: Path | str, line: int, problem: str) -> None:

@@ -20,6 +20,7 @@ import random
 from ..spec import AgenticWorkload, TokenRange
 from ..text import stable_id
 from ..trace import Block, Session, Turn
+from ._common import WorkloadInputError
 
 
 def _draw(rng: random.Random, r: TokenRange) -> int:
@@ -63,7 +64,7 @@ def generate_agentic(spec: AgenticWorkload) -> list[Session]:
             t += arrivals.expovariate(spec.session_rate_per_s)
         session = _session(spec, index, start_s)
         if session is None:
-            raise ValueError(
+            raise WorkloadInputError(
                 f"agentic workload {spec.name!r}: the first turn of session {index} (system prefix "
                 f"{spec.system_prompt_tokens} + task + output tokens) exceeds max_context_tokens "
                 f"{spec.max_context_tokens}")

@@ -314,17 +314,26 @@ def test_bad_inputs_met_on_a_node_are_config_errors(cause, kind):
     assert not kind.retryable
 
 
-def test_a_plain_value_error_is_config_only_when_a_loader_raised_it():
-    from ray.exceptions import RayTaskError
+def test_workload_input_errors_are_config_by_type_not_by_traceback():
+    from ray.exceptions import ActorDiedError, RayTaskError
 
     from orchestrator.control.ray_executor import _task_error_kind
+    from workloads.loaders import generate_agentic
+    from workloads.spec import AgenticWorkload
 
+    spec = AgenticWorkload(name="w", sessions=1, turns=2, system_prompt_tokens=4000, max_context_tokens=1000)
+    with pytest.raises(ValueError) as raised:  # what a user's too-small max_context_tokens raises on the node
+        generate_agentic(spec)
     tb = ('Traceback (most recent call last):\n  File "/r/workloads/loaders/agentic.py", line 66, in '
-          "generate_agentic\nValueError: agentic workload 'w': ... exceeds max_context_tokens")
-    err = RayTaskError("WorkloadActor.run", tb, ValueError("exceeds"), proctitle="p", pid=1, ip="127.0.0.1")
-    dual = err.as_instanceof_cause()  # what ray.get raises
-    assert _task_error_kind(dual.cause, str(dual)) is ErrorKind.CONFIG
-    assert _task_error_kind(ValueError("x"), 'File "/r/orchestrator/observe/summary.py"') is ErrorKind.INTERNAL
+          f"generate_agentic\nValueError: {raised.value}")
+    err = RayTaskError("WorkloadActor.run", tb, raised.value, proctitle="p", pid=1, ip="127.0.0.1")
+    assert _task_error_kind(err.as_instanceof_cause().cause) is ErrorKind.CONFIG  # what ray.get raises
+    # a plain ValueError is our bug wherever it was raised, even below a loader
+    assert _task_error_kind(ValueError("x")) is ErrorKind.INTERNAL
+    # an actor whose constructor raised: Ray's own flag, not the words of its message
+    init = ActorDiedError(RayTaskError("ReplicaActor.__init__", "tb", RuntimeError("bug"), proctitle="p", pid=1,
+                                       ip="127.0.0.1"))
+    assert init.actor_init_failed and not ActorDiedError().actor_init_failed
 
 
 # ---------------------------------------------------------------- a local run against this machine
