@@ -343,7 +343,7 @@ class ReplicaActor:
         else:
             facts["prefix_cache_reset"] = "off"
         self.before = scrape(self.replica.base_url)
-        self.cpu_stat_before = self.replica.restriction.cpu_stat()
+        self.cpu_stat_before = self.replica.cpu_stat()
         tel = t.telemetry
         root = self.replica.pid
         # The CPU accounting and the roles are read by the sampler, every period, with its samples:
@@ -426,7 +426,7 @@ class ReplicaActor:
             accounting, roles, facts = window_counters(readings, t0, t1, self.replica.pid, len(self.replica.cores))
             span_facts.update(facts)
         # CFS bandwidth control over the window (quota; the group's own counters, begin_window to here)
-        accounting.update(throttling(self.cpu_stat_before, self.replica.restriction.cpu_stat()))
+        accounting.update(throttling(self.cpu_stat_before, self.replica.cpu_stat()))
         self.accounting = self.roles = None
         attribution, attribution_params = self._attribution(requests, roles)
         if self.gpu_capture is not None:  # captured in this window

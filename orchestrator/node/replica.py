@@ -328,6 +328,10 @@ class VllmReplica:
         return startup_record(log, cache_before=self._cache_before, model_first_start=self._model_first_start,
                               load_format=self.trial.server.load_format)
 
+    def cpu_stat(self) -> dict[str, int]:
+        """The server's cgroup ``cpu.stat`` counters (``Restriction.cpu_stat``; empty under affinity)."""
+        return self.restriction.cpu_stat()
+
     def verify(self, *, strict: bool = False) -> Verification:
         """Every thread of every process of the server, against the assignment."""
         if self.proc is None:

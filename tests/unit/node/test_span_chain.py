@@ -155,6 +155,12 @@ class FakeVllm:
     def verify(self) -> Verification:
         return Verification(True, "affinity", "0-1", 3, 3)
 
+    def cpu_stat(self) -> dict[str, int]:
+        """A quota group's counters: read at the window's start, then at its end (40 periods, 10 throttled)."""
+        self.stat_reads = getattr(self, "stat_reads", 0) + 1
+        n = self.stat_reads - 1
+        return {"nr_periods": 100 + 40 * n, "nr_throttled": 5 + 10 * n, "throttled_usec": 1_000 + 250_000 * n}
+
 
 class Workload:
     """The workload actor: set-up, then inside the load call connection set-up, the requests, the tail."""
@@ -260,6 +266,9 @@ def test_every_logged_window_figure_is_the_in_span_value(chain: Any) -> None:
     assert m["window_span_s"] == pytest.approx(SPAN_S, abs=1e-3)
     assert m["telemetry_outside_span_s"] == pytest.approx(CONNECT_S + TAIL_S, abs=1e-3)
     assert m["accounting_s"] == pytest.approx(9.5, abs=1e-3)  # the counter readings used: 3.5 s to 13 s, inside the span
+    # CFS throttling: the group's cpu.stat at begin_window and at end_window
+    assert (m["cgroup_periods"], m["cgroup_throttled_periods"], m["cgroup_throttled_frac"], m["cgroup_throttled_s"]) == (
+        40.0, 10.0, 0.25, 0.25)
 
 
 def test_span_readings_pick_the_readings_inside_else_those_around() -> None:
