@@ -124,7 +124,7 @@ def load_workload(path: str) -> Any:
 
 def prepare(spec: Any, tokenizer: str) -> tuple[Any, list[Any]]:
     """The product's text factory and sessions for ``spec``."""
-    from .loaders import TraceError, load_sessions
+    from .loaders import TraceError, load_sessions, text_style
     from .text import TextFactory, load_tokenizer
 
     try:
@@ -133,7 +133,7 @@ def prepare(spec: Any, tokenizer: str) -> tuple[Any, list[Any]]:
         raise BareError(f"cannot load tokenizer {tokenizer}: {exc}") from None
     # The product's style (workloads.run_workload makes its factory the same way): the cross-check must
     # send text that costs what the product's text costs to tokenize, never a silent default.
-    style = getattr(spec, "text_style", "uniform")
+    style = text_style(spec)
     try:
         factory = TextFactory(tok, style=style)
     except ValueError as exc:  # an unknown style, or a tokenizer the style cannot use
@@ -158,8 +158,10 @@ async def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
 
 
 def closed_loop(spec: Any) -> bool:
-    """Agentic and recorded sessions run closed loop at ``concurrency``; traces open loop."""
-    return getattr(spec, "kind", "") in ("agentic", "recorded")
+    """Agentic and recorded sessions run closed loop at ``concurrency``; traces open loop (``loaders.KINDS``)."""
+    from .loaders import kind_of
+
+    return kind_of(spec).closed_loop
 
 
 class BareClient:
@@ -176,8 +178,10 @@ class BareClient:
         self.cut_at: float | None = None
 
     async def run(self, sessions: list[Any]) -> None:
+        from .loaders import in_flight
+
         spec = self.spec
-        slots = asyncio.Semaphore(spec.concurrency if closed_loop(spec) else spec.max_in_flight)
+        slots = asyncio.Semaphore(in_flight(spec))
         t0 = time.perf_counter()
         self.window_end = t0 + spec.max_duration_s
         self.cut_at = None if spec.drain_s is None else self.window_end + spec.drain_s
@@ -315,8 +319,10 @@ def summary(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
 
 async def replay(spec: Any, sessions: list[Any], render: Any, base_url: str, model: str) -> tuple[list[dict], float]:
     """Replay ``sessions``; return the per-request rows and the wall time."""
+    from .loaders import in_flight
+
     await check_reachable(base_url)
-    slots = spec.concurrency if closed_loop(spec) else spec.max_in_flight
+    slots = in_flight(spec)
     connector = aiohttp.TCPConnector(limit=slots, limit_per_host=slots)  # no queue inside aiohttp
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 from . import metrics
 from .client import StreamingClient
-from .loaders import load_sessions
+from .loaders import in_flight, kind_of, load_sessions, text_style
 from .loadgen import ClosedLoop, LoadGenerator, LoadResult, OpenLoop, Strategy
 from .records import RequestRecord
 from .spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload
@@ -79,10 +79,10 @@ class WorkloadRun:
 
 
 def strategy_for(spec: AnyWorkload) -> Strategy:
-    """Agentic and recorded sessions run closed loop at ``concurrency``; traces replay open loop."""
-    if isinstance(spec, AgenticWorkload | RecordedWorkload):
-        return ClosedLoop(spec.concurrency)
-    return OpenLoop(spec.max_in_flight)
+    """Closed loop for the kinds that send each session's turns in order (agentic, recorded), at their
+    ``concurrency``; open loop for trace replays, at their ``max_in_flight`` (``loaders.KINDS``)."""
+    kind = kind_of(spec)
+    return ClosedLoop(in_flight(spec)) if kind.closed_loop else OpenLoop(in_flight(spec))
 
 
 def diagnose(result: LoadResult, sessions: list[Session], *, client_cpu_s: float, wall_s: float,
@@ -177,7 +177,7 @@ class Loaded:
 
 def prepare(spec: AnyWorkload, tokenizer_path: str) -> Prepared:
     """Text factory and sessions for ``spec`` (seconds of CPU; call it before the measured window)."""
-    factory = TextFactory(load_tokenizer(tokenizer_path), style=getattr(spec, "text_style", "uniform"))
+    factory = TextFactory(load_tokenizer(tokenizer_path), style=text_style(spec))
     return Prepared(spec, factory, load_sessions(spec, factory))
 
 

@@ -59,6 +59,7 @@ from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import replica_key, start_key
 from orchestrator.plan.references import ReferencePlan
+from workloads.loaders import trace_path
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
@@ -243,7 +244,7 @@ class RayTrialExecutor:
 
         A worker node has no access to the driver's disk, so the file is read here once and put in
         the object store; the workload actor writes it to a node-local file named by its hash."""
-        path = getattr(trial.workload, "path", None)
+        path = trace_path(trial.workload)
         if path is None:
             return None
         key = str(path)

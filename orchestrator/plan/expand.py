@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from orchestrator.values.sweep_spec import SweepSpec
+from workloads import loaders
 from orchestrator.values.trial import SweepPlan, TrialSpec, trial_hash
 
 
@@ -70,7 +71,7 @@ def expand(spec: SweepSpec) -> SweepPlan:
 
 def in_flight(workload: Any) -> int:
     """The most requests ``workload`` keeps in flight: its closed loop's concurrency, or a trace's max_in_flight."""
-    return int(getattr(workload, "concurrency", None) or workload.max_in_flight)
+    return loaders.in_flight(workload)
 
 
 def match_load_sizes(workloads: Any, cap: int = 512) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.values.sweep_spec import SweepSpec
+from workloads.loaders import trace_path
 
 
 class SpecError(ValueError):
@@ -119,7 +120,7 @@ def load_spec(path: str | Path) -> SweepSpec:
 def _resolve_paths(spec: SweepSpec, base: Path) -> SweepSpec:
     workloads = []
     for w in spec.workloads:
-        p = getattr(w, "path", None)
+        p = trace_path(w)
         if p is not None and not Path(p).is_absolute():
             w = w.model_copy(update={"path": (base / p).resolve()})
         workloads.append(w)

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from orchestrator.values.shapes import SHAPES, Tokenizer
 from orchestrator.values.sweep_spec import HubModel, ShapeModel, SweepSpec
-from workloads.loaders import TraceError, load_sessions
+from workloads.loaders import TraceError, load_sessions, trace_path
 
 Severity = Literal["error", "warning"]
 _PATH_PREFIXES = ("/", "./", "../", "~")
@@ -124,7 +124,7 @@ def _workload_problems(spec: SweepSpec) -> list[Problem]:
             where = f"{exc.path}:{exc.line}" if exc.line else str(exc.path)
             problems.append(Problem(f"{where}: {exc.problem} (workload {names})"))
         except (OSError, ValueError) as exc:  # an unreadable file, bad UTF-8, an impossible agentic spec
-            path = getattr(w, "path", None)
+            path = trace_path(w)
             where = f"{path}: " if path is not None else ""
             problems.append(Problem(f"{where}{_one_line(exc)} (workload {names})"))
     return problems
