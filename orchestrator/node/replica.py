@@ -32,7 +32,7 @@ from orchestrator.infra.lifeline import Lifeline
 from orchestrator.infra.net import free_port, http_ok, port_is_free
 from orchestrator.values.trial import TrialSpec
 from orchestrator.node.hostfacts import vllm_version
-from orchestrator.node.restrict import (Restriction, RestrictionError, Verification, choose_mode, pid_alive,
+from orchestrator.node.restrict import (Restriction, RestrictionError, Verification, choose_mode, mode_of, pid_alive,
                                        tree_pids)
 from workloads.vllm_cli import VLLM_CLI_SHIM
 from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
@@ -123,7 +123,7 @@ def scratch_paths(scratch_dir: str | Path, cache_root: str | Path | None = None)
 def omp_bind(cores: frozenset[int], mode: str) -> str:
     """VLLM_CPU_OMP_THREADS_BIND: the replica's own cores when pinned (its OMP pool then spans
     exactly them); ``nobind`` under quota, where the tree may run anywhere but only for n cores' time."""
-    return "nobind" if mode == "quota" else format_cpulist(cores)
+    return format_cpulist(cores) if mode_of(mode).pins else "nobind"
 
 
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"

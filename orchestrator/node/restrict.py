@@ -26,14 +26,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import psutil
 
 from orchestrator.node.cores import format_cpulist, parse_cpulist
+from orchestrator.values.sweep_spec import RestrictionMode
 
-Mode = Literal["cpuset", "affinity", "quota"]
-MODES: tuple[str, ...] = ("cpuset", "affinity", "quota")
+Mode = RestrictionMode
 PERIOD_US = 100_000
 ROOT_NAME = os.environ.get("CPUSWEEP_CGROUP_ROOT_NAME", "cpusweep")
 CGROUP_BASE = Path(os.environ.get("CPUSWEEP_CGROUP_BASE", "/sys/fs/cgroup"))
@@ -185,20 +185,131 @@ def _remove_group(group: Path, timeout_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+# ---------------------------------------------------------------- the modes, one class each
+
+class ModeKind:
+    """How one restriction mode holds a process tree to its cores. One subclass per mode, one instance each in
+    :data:`MODES`; a new mode is a new subclass there (and its name in ``values.sweep_spec.RestrictionMode``).
+
+    ``controller``: the cgroup controller its group lives under (None: no cgroup); ``pins``: whether it sets
+    the threads' affinity to the cores (a quota leaves the whole node and limits time instead)."""
+
+    name: str = ""
+    controller: str | None = None
+    pins: bool = True
+
+    def configure(self, layout: CgroupLayout, group: Path, cpus: frozenset[int]) -> None:
+        """Write the group's limit for ``cpus``."""
+
+    def probe(self, layout: CgroupLayout, group: Path) -> None:
+        """Write a limit to a throwaway group, to learn whether this machine lets us (``choose_mode``)."""
+        self.configure(layout, group, frozenset(os.sched_getaffinity(0)))
+
+    def launch_affinity(self, cpus: frozenset[int], node_cpus: frozenset[int]) -> frozenset[int]:
+        """The affinity the launcher sets before it execs the server."""
+        return cpus if self.pins else node_cpus
+
+    def repin(self, layout: CgroupLayout | None, groups: dict[str, Path], root_pid: int, cpus: frozenset[int]) -> None:
+        """Move the live tree to ``cpus``."""
+        set_tree_affinity(root_pid, cpus)
+
+    def reading(self, layout: CgroupLayout, group: Path) -> str:
+        """What the group's limit reads now, as :meth:`wanted` writes it."""
+        raise NotImplementedError
+
+    def wanted(self, expected: frozenset[int]) -> str:
+        """The group's limit for ``expected``, as :meth:`reading` reads it."""
+        raise NotImplementedError
+
+    def violation(self, pid: int, group: Path, seen: str, expected: frozenset[int]) -> str:
+        return f"pid {pid}: cgroup {group} {seen!r}, want {self.wanted(expected)!r}"
+
+    def describe(self, cpus: frozenset[int]) -> dict[str, str]:
+        """What the trial's params record of the limit beyond the mode and the cores."""
+        return {}
+
+
+class Cpuset(ModeKind):
+    """A cgroup cpuset: the tree's threads may run only on the cores (and their affinity is set to them)."""
+
+    name, controller = "cpuset", "cpuset"
+
+    def configure(self, layout: CgroupLayout, group: Path, cpus: frozenset[int]) -> None:
+        _set_cpus(layout, group, cpus)
+
+    def repin(self, layout: CgroupLayout | None, groups: dict[str, Path], root_pid: int, cpus: frozenset[int]) -> None:
+        assert layout is not None
+        _set_cpus(layout, groups["cpuset"], cpus)
+        set_tree_affinity(root_pid, cpus)  # v2 keeps a thread's own narrower mask; reset it to the set
+
+    def reading(self, layout: CgroupLayout, group: Path) -> str:
+        return format_cpulist(parse_cpulist(_read(group / "cpuset.cpus")))
+
+    def wanted(self, expected: frozenset[int]) -> str:
+        return format_cpulist(expected)
+
+    def violation(self, pid: int, group: Path, seen: str, expected: frozenset[int]) -> str:
+        return f"pid {pid}: cgroup {group} cpuset.cpus {seen}, want {format_cpulist(expected)}"
+
+
+class Affinity(ModeKind):
+    """``sched_setaffinity`` on every thread, no cgroup: what works anywhere (and what a thread may undo)."""
+
+    name = "affinity"
+
+
+class Quota(ModeKind):
+    """CFS bandwidth (``cpu.max = n*100000 100000``): n cores of time per period, the affinity left the node."""
+
+    name, controller, pins = "quota", "cpu", False
+
+    def configure(self, layout: CgroupLayout, group: Path, cpus: frozenset[int]) -> None:
+        _set_quota(layout, group, len(cpus))
+
+    def probe(self, layout: CgroupLayout, group: Path) -> None:
+        _set_quota(layout, group, 1)
+
+    def repin(self, layout: CgroupLayout | None, groups: dict[str, Path], root_pid: int, cpus: frozenset[int]) -> None:
+        assert layout is not None
+        _set_quota(layout, groups["cpu"], len(cpus))
+
+    def reading(self, layout: CgroupLayout, group: Path) -> str:
+        return read_quota(layout, group)
+
+    def wanted(self, expected: frozenset[int]) -> str:
+        return _quota_text(len(expected))
+
+    def violation(self, pid: int, group: Path, seen: str, expected: frozenset[int]) -> str:
+        return f"pid {pid}: cgroup {group} cpu.max {seen!r}, want {self.wanted(expected)!r}"
+
+    def describe(self, cpus: frozenset[int]) -> dict[str, str]:
+        return {"cpu_max": _quota_text(len(cpus))}
+
+
+MODES: dict[str, ModeKind] = {m.name: m for m in (Cpuset(), Affinity(), Quota())}
+
+
+def mode_of(name: str) -> ModeKind:
+    """The mode called ``name``; an unknown one is an error."""
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"unknown restriction mode {name!r}; known: {', '.join(MODES)}") from None
+
+
 @functools.lru_cache(maxsize=None)
 def _probe(mode: str, base: str) -> str | None:
     """None if ``mode`` can be set up here, else the reason (cached per process)."""
     layout = detect_layout(Path(base))
     if layout is None:
         return f"no cgroup with cpuset and cpu controllers under {base} (neither v2 nor v1)"
-    controller = "cpuset" if mode == "cpuset" else "cpu"
+    kind = mode_of(mode)
+    controller = kind.controller
+    assert controller is not None, f"{mode} needs no cgroup"
     probe = f"probe-{os.getpid()}"
     try:
         group = _make_group(layout, controller, probe)
-        if mode == "cpuset":
-            _set_cpus(layout, group, frozenset(os.sched_getaffinity(0)))
-        else:
-            _set_quota(layout, group, 1)
+        kind.probe(layout, group)
         _remove_group(group)
     except (OSError, RestrictionError) as exc:
         return f"cgroup v{layout.version} {controller} not writable: {exc}"
@@ -207,10 +318,8 @@ def _probe(mode: str, base: str) -> str | None:
 
 def choose_mode(requested: str, base: Path | None = None) -> tuple[str, str | None]:
     """The mode that will actually run, and why it differs from ``requested`` (None if it does not)."""
-    if requested not in MODES:
-        raise ValueError(f"unknown restriction mode {requested!r}; known: {', '.join(MODES)}")
-    if requested == "affinity":
-        return "affinity", None
+    if mode_of(requested).controller is None:
+        return requested, None
     why = _probe(requested, str(base or CGROUP_BASE))
     if why is None:
         return requested, None
@@ -248,28 +357,29 @@ class Restriction:
     groups: dict[str, Path] = field(default_factory=dict)
 
     @property
+    def kind(self) -> ModeKind:
+        return mode_of(self.mode)
+
+    @property
     def layout(self) -> CgroupLayout | None:
-        return detect_layout(self.base) if self.mode != "affinity" else None
+        return detect_layout(self.base) if self.kind.controller is not None else None
 
     def prepare(self) -> None:
         """Create and configure the cgroup (cpuset, quota); nothing for affinity."""
         if not self.cpus:
             raise RestrictionError(f"{self.name}: empty core set")
-        layout = self.layout
-        if self.mode == "affinity":
+        kind = self.kind
+        if kind.controller is None:
             return
+        layout = self.layout
         if layout is None:
             raise RestrictionError(f"{self.name}: mode {self.mode} needs cgroups, none found")
-        controller = "cpuset" if self.mode == "cpuset" else "cpu"
-        group = _make_group(layout, controller, self.name)
-        self.groups[controller] = group
-        if self.mode == "cpuset":
-            _set_cpus(layout, group, self.cpus)
-        else:
-            _set_quota(layout, group, len(self.cpus))
+        group = _make_group(layout, kind.controller, self.name)
+        self.groups[kind.controller] = group
+        kind.configure(layout, group, self.cpus)
 
     def launch_affinity(self) -> frozenset[int]:
-        return self.node_cpus if self.mode == "quota" else self.cpus
+        return self.kind.launch_affinity(self.cpus, self.node_cpus)
 
     def wrap(self, cmd: list[str], python: str | None = None) -> list[str]:
         """``cmd`` prefixed by the launcher that restricts itself, then execs ``cmd``."""
@@ -279,16 +389,7 @@ class Restriction:
 
     def repin(self, root_pid: int, cpus: frozenset[int]) -> None:
         """Move the live tree to ``cpus`` (quota: to ``len(cpus)`` cores of bandwidth)."""
-        layout = self.layout
-        if self.mode == "cpuset":
-            assert layout is not None
-            _set_cpus(layout, self.groups["cpuset"], cpus)
-            set_tree_affinity(root_pid, cpus)  # v2 keeps a thread's own narrower mask; reset it to the set
-        elif self.mode == "quota":
-            assert layout is not None
-            _set_quota(layout, self.groups["cpu"], len(cpus))
-        else:
-            set_tree_affinity(root_pid, cpus)
+        self.kind.repin(self.layout, self.groups, root_pid, frozenset(cpus))
         self.cpus = frozenset(cpus)
 
     def verify(self, root_pid: int, *, strict: bool = False) -> "Verification":
@@ -311,8 +412,7 @@ class Restriction:
         out = {"restriction_mode": self.mode, "restriction_cpus": format_cpulist(self.cpus)}
         for controller, group in self.groups.items():
             out[f"cgroup_{controller}"] = str(group)
-        if self.mode == "quota":
-            out["cpu_max"] = _quota_text(len(self.cpus))
+        out.update(self.kind.describe(self.cpus))
         return out
 
 
@@ -435,18 +535,18 @@ def verify_tree(root_pid: int, expected: frozenset[int], mode: str = "affinity",
     violations: list[str] = []
     allowed: dict[str, str] = {}
     quota_seen: str | None = None
-    layout = detect_layout(base) if mode != "affinity" else None
-    want_quota = _quota_text(len(expected))
+    kind = mode_of(mode)
+    controller = kind.controller
+    layout = detect_layout(base) if controller is not None else None
     nproc = 0
     for pid in pids:
         tids = thread_ids(pid)
         if not tids:
             continue  # exited while we looked
         nproc += 1
-        if mode in ("cpuset", "quota"):
-            controller = "cpuset" if mode == "cpuset" else "cpu"
+        if controller is not None:
             group = process_cgroup(pid, layout, controller) if layout else None
-            if layout and not _in_assigned_group(group, mode, layout, expected, want_quota):
+            if layout and not _in_assigned_group(group, kind, layout, expected):
                 # An exiting task is moved to the root cgroup (v1) before it is a zombie: look again.
                 time.sleep(0.05)
                 if _exiting(pid):
@@ -455,15 +555,12 @@ def verify_tree(root_pid: int, expected: frozenset[int], mode: str = "affinity",
             try:
                 if group is None:
                     violations.append(f"pid {pid}: no {controller} cgroup found")
-                elif mode == "quota":
-                    quota_seen = read_quota(layout, group)  # type: ignore[arg-type]
-                    if quota_seen != want_quota:
-                        violations.append(f"pid {pid}: cgroup {group} cpu.max {quota_seen!r}, want {want_quota!r}")
                 else:
-                    cg = parse_cpulist(_read(group / "cpuset.cpus"))
-                    if cg != expected:
-                        violations.append(f"pid {pid}: cgroup {group} cpuset.cpus {format_cpulist(cg)}, "
-                                          f"want {format_cpulist(expected)}")
+                    seen = kind.reading(layout, group)  # type: ignore[arg-type]
+                    if not kind.pins:  # the limit is time, not cores: record what it read
+                        quota_seen = seen
+                    if seen != kind.wanted(expected):
+                        violations.append(kind.violation(pid, group, seen, expected))
             except FileNotFoundError:
                 violations.append(f"pid {pid}: cgroup {group} unreadable")
         for tid in tids:
@@ -471,7 +568,7 @@ def verify_tree(root_pid: int, expected: frozenset[int], mode: str = "affinity",
             if cpus is None:
                 continue
             allowed[f"{pid}/{tid}"] = format_cpulist(cpus)
-            if mode == "quota":
+            if not kind.pins:
                 continue  # throttled, not pinned: any cpu is allowed
             if not cpus <= expected or (strict and cpus != expected):
                 violations.append(f"pid {pid} tid {tid}: allowed {format_cpulist(cpus)}, "
@@ -481,13 +578,9 @@ def verify_tree(root_pid: int, expected: frozenset[int], mode: str = "affinity",
                         quota=quota_seen)
 
 
-def _in_assigned_group(group: Path | None, mode: str, layout: Any, expected: frozenset[int], want_quota: str) -> bool:
+def _in_assigned_group(group: Path | None, kind: ModeKind, layout: Any, expected: frozenset[int]) -> bool:
     try:
-        if group is None:
-            return False
-        if mode == "quota":
-            return read_quota(layout, group) == want_quota
-        return parse_cpulist(_read(group / "cpuset.cpus")) == expected
+        return group is not None and kind.reading(layout, group) == kind.wanted(expected)
     except FileNotFoundError:
         return False
 
@@ -505,7 +598,8 @@ def verify_self(expected: frozenset[int], *, strict: bool = True) -> Verificatio
     return verify_tree(os.getpid(), expected, "affinity", strict=strict)
 
 
-__all__ = ["CgroupLayout", "LAUNCHER", "MODES", "Mode", "Restriction", "RestrictionError", "Verification",
+__all__ = ["Affinity", "CgroupLayout", "Cpuset", "LAUNCHER", "MODES", "Mode", "ModeKind", "Quota", "Restriction",
+           "RestrictionError", "Verification", "mode_of",
            "parse_cpu_stat", "throttling",
            "choose_mode", "detect_layout", "process_cgroup", "set_tree_affinity",
            "pid_alive", "thread_cpus", "tree_pids", "verify_self", "verify_tree"]

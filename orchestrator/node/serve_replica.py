@@ -53,7 +53,7 @@ from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.replica import ReplicaError, VllmReplica, inherited_env
 from orchestrator.node.hostfacts import vllm_version
-from orchestrator.node.restrict import Restriction, Verification, thread_cpus, thread_ids, tree_pids
+from orchestrator.node.restrict import Restriction, Verification, mode_of, thread_cpus, thread_ids, tree_pids
 from orchestrator.node.serve_host import (CGROUP_ENV, CPUS_ENV, Role, engine_kwargs, host_spec, llm_config,
                                           process_sets, roots)
 from orchestrator.node.startup import read_log
@@ -94,6 +94,7 @@ def verify_pids(pids: Sequence[int], expected: frozenset[int], mode: str, *, str
     allowed: dict[str, str] = {}
     violations: list[str] = []
     nproc = 0
+    pins = mode_of(mode).pins  # a quota limits time, not cores: any cpu is allowed
     for pid in pids:
         tids = thread_ids(pid)
         nproc += bool(tids)
@@ -102,7 +103,7 @@ def verify_pids(pids: Sequence[int], expected: frozenset[int], mode: str, *, str
             if cpus is None:
                 continue
             allowed[f"{pid}/{tid}"] = format_cpulist(cpus)
-            if mode != "quota" and (not cpus <= expected or (strict and cpus != expected)):
+            if pins and (not cpus <= expected or (strict and cpus != expected)):
                 violations.append(f"pid {pid} tid {tid}: allowed {format_cpulist(cpus)}, want "
                                   f"{'exactly' if strict else 'within'} {format_cpulist(expected)}")
     return Verification(ok=not violations and nproc > 0, mode=mode, expected=format_cpulist(expected),

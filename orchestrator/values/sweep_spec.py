@@ -163,7 +163,8 @@ class ServerSpec(_Strict):
         return out
 
 
-Restriction = Literal["cpuset", "affinity", "quota"]
+# The restriction modes, listed once: orchestrator.node.restrict has one class per name (restrict.MODES)
+RestrictionMode = Literal["cpuset", "affinity", "quota"]
 StartMode = Literal["fresh", "repin", "sized"]
 
 
@@ -309,7 +310,7 @@ class Grid(_Strict):
                                                               description="GPUs per replica (tensor parallel size); 0 = CPU.")
     hardware: tuple[str, ...] = Field(default=("cpu",), min_length=1,
                                       description="Hardware type, e.g. cpu, H100, H200 (Ray accelerator_type).")
-    restriction: tuple[Restriction, ...] = Field(default=("affinity",), min_length=1,
+    restriction: tuple[RestrictionMode, ...] = Field(default=("affinity",), min_length=1,
                                                  description="How cores are enforced: cpuset, affinity or quota.")
     start: tuple[StartMode, ...] = Field(default=("fresh",), min_length=1,
                                          description="fresh = start pinned to the trial's cores; repin = re-pin one "
@@ -506,5 +507,5 @@ def default_repeats(gpus: Any) -> int:
 
 
 __all__ = ["ClientSpec", "GPU_REPEATS", "Grid", "GpuProfileSpec", "HubModel", "ModelSpec", "ProtocolSpec",
-           "RepeatsSpec", "Restriction", "SearchSpec", "ServerSpec", "ShapeModel", "SloSpec", "StacksSpec", "StartMode",
+           "RepeatsSpec", "RestrictionMode", "SearchSpec", "ServerSpec", "ShapeModel", "SloSpec", "StacksSpec", "StartMode",
            "SweepSpec", "TelemetrySpec", "VllmVariant", "default_repeats", "parse_bytes"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from orchestrator.values.sweep_spec import (ClientSpec, ModelSpec, ProtocolSpec, Restriction, ServerSpec, SloSpec,
+from orchestrator.values.sweep_spec import (ClientSpec, ModelSpec, ProtocolSpec, RestrictionMode, ServerSpec, SloSpec,
                                             StartMode, SweepSpec, TelemetrySpec, VllmVariant)
 from workloads.spec import WorkloadSpec
 
@@ -33,7 +33,7 @@ class TrialSpec(BaseModel):
     hardware: str
     gpus: int = Field(ge=0)
     cores: int = Field(ge=1)
-    restriction: Restriction
+    restriction: RestrictionMode
     start: StartMode
     vllm: VllmVariant
     workload: WorkloadSpec

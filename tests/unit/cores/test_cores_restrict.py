@@ -238,3 +238,23 @@ def test_cgroup_v2_layout_on_a_fake_tree(tmp_path: Path) -> None:
 def test_empty_set_refused() -> None:
     with pytest.raises(RestrictionError, match="empty core set"):
         Restriction("e", "affinity", frozenset()).prepare()
+
+
+def test_one_class_per_mode_and_the_list_once():
+    import typing
+
+    from orchestrator.node.restrict import MODES, Affinity, Cpuset, Quota, mode_of
+    from orchestrator.node.replica import omp_bind
+    from orchestrator.values.sweep_spec import RestrictionMode
+
+    assert tuple(MODES) == typing.get_args(RestrictionMode)
+    assert [type(MODES[n]) for n in MODES] == [Cpuset, Affinity, Quota]
+    cores, node = frozenset({2, 3}), frozenset(range(8))
+    assert [m.launch_affinity(cores, node) for m in MODES.values()] == [cores, cores, node]
+    assert [m.controller for m in MODES.values()] == ["cpuset", None, "cpu"]
+    assert Quota().describe(cores) == {"cpu_max": "200000 100000"} and Cpuset().describe(cores) == {}
+    assert (omp_bind(cores, "cpuset"), omp_bind(cores, "quota")) == ("2-3", "nobind")
+    with pytest.raises(ValueError, match="unknown restriction mode 'nice'"):
+        mode_of("nice")
+    with pytest.raises(ValueError, match="unknown restriction mode"):
+        choose_mode("nice")
