@@ -157,13 +157,6 @@ async def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
     await writer.wait_closed()
 
 
-def closed_loop(spec: Any) -> bool:
-    """Agentic and recorded sessions run closed loop at ``concurrency``; traces open loop (``loaders.KINDS``)."""
-    from .loaders import kind_of
-
-    return kind_of(spec).closed_loop
-
-
 class BareClient:
     """Replays sessions: one coroutine per session, turns in order, one aiohttp session.
 
@@ -368,5 +361,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["BareClient", "BareError", "closed_loop", "crosscheck_ratio", "main", "parse_cpus", "percentile", "pin",
+__all__ = ["BareClient", "BareError", "crosscheck_ratio", "main", "parse_cpus", "percentile", "pin",
            "summary"]
