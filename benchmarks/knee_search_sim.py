@@ -4,7 +4,7 @@ A *window* at a core count is replayed from the committed per-request records of
 counts x 3 real windows each): one of that core count's real windows, drawn at random, with its requests
 drawn again with replacement. So a replayed grid has the real window-to-window and request-to-request noise
 of that lease. Each records file is one dense curve; by default both committed ones
-(``benchmarks/results/h200/dense`` and ``benchmarks/results/h200/search``, two leases).
+(``benchmarks/results/h200/dense``, ``benchmarks/results/h200/search`` and ``.../search-2``, three leases).
 
 The answer of a design is :func:`orchestrator.observe.analysis.knee.estimate_knee` over the windows it
 measured (mean TTFT, monotone fit, 90% bootstrap of windows then requests). The reference is a 6-repeat
@@ -12,8 +12,10 @@ grid of the same replay. Per design and seed: does it name the reference's knee 
 step), is its interval the reference's, does its interval hold the reference's knee, is it settled, and do
 two independent runs of it agree; its windows against the 3-repeat grid's 21, and its GPU-seconds against
 a 3-repeat re-pinned grid's, where both pay one start (``--start-s``) and every window costs a window with
-the time between windows (``--window-s``; both default to the committed grid's time use,
-``benchmarks/results/h200/search/grid-time_use.json``: 72 s warm start, 16.0 s a window).
+the time between windows (``--window-s``; both default to the latest committed grid's time use,
+``benchmarks/results/h200/search-2/h200-dense-knee/time_use.json``: 71 s warm start, 11.3 s a window).
+The floor row runs the search on noiseless windows (each window of a core count is all its real windows'
+requests, the same every time): the fewest windows, and so GPU-seconds, the rule can stop on for the curve.
 
 The search is the product's own decision (:func:`orchestrator.plan.knee_search.next_cores`), at its
 default of at most 3 windows a core count (``repeats.max``) and at 4. Two other rules are replayed beside it:
@@ -44,8 +46,10 @@ from orchestrator.plan.knee_search import Reason, next_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = (ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet",
-           ROOT / "benchmarks" / "results" / "h200" / "search" / "h200-dense-knee-records.parquet")
-TIME_USE = ROOT / "benchmarks" / "results" / "h200" / "search" / "grid-time_use.json"
+           ROOT / "benchmarks" / "results" / "h200" / "search" / "h200-dense-knee-records.parquet",
+           ROOT / "benchmarks" / "results" / "h200" / "search-2" / "h200-dense-knee-records.parquet")
+# the latest grid's time use: after the cuts between windows (d634576), so a window costs what it now costs
+TIME_USE = ROOT / "benchmarks" / "results" / "h200" / "search-2" / "h200-dense-knee" / "time_use.json"
 N_BOOT = 200
 
 
@@ -65,6 +69,18 @@ class Replay:
         ws = self.real[cores]
         w = ws[self.rng.integers(0, len(ws))]
         return w[self.rng.integers(0, len(w), len(w))]
+
+
+class Noiseless:
+    """The floor: every window at a core count is all of its real windows' requests together, the same each
+    time, so the search is never misled by a window and stops on the fewest windows its rule allows."""
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+
+    def window(self, cores: int) -> np.ndarray:
+        self.replay.windows += 1
+        return np.concatenate(self.replay.real[cores])
 
 
 def grid(replay: Replay, allowed: list[int], repeats: int, seed: int) -> KneeEstimate:
@@ -96,7 +112,7 @@ def one_window(grid: list[int], have: dict[int, int], est: KneeEstimate, max_win
     return None if d.reason is Reason.KNEE_NOISE else d.cores
 
 
-def search(replay: Replay, allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
+def search(replay: "Replay | Noiseless", allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
     windows: dict[int, list[np.ndarray]] = {}
     est = estimate_knee({}, n_boot=1)
     while (nxt := decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows)) is not None:
@@ -122,6 +138,7 @@ DESIGNS: dict[str, Callable[[Replay, list[int], int], KneeEstimate]] = {
     **{f"search, max {m} windows a count": (lambda r, a, s, m=m: search(r, a, s, today, m)) for m in (3, 4)},
     "before: settled on one window at the knee (max 3)": lambda r, a, s: search(r, a, s, one_window, 3),
     "tried: + unmeasured counts inside the interval (max 3)": lambda r, a, s: search(r, a, s, inside, 3),
+    "floor: the search on noiseless windows (max 3)": lambda r, a, s: search(Noiseless(r), a, s, today, 3),
 }
 
 
