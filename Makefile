@@ -64,8 +64,8 @@ mutation: install
 	$(BIN)/pip install -q mutmut 2>&1 | { grep -v "is ignored: it is neither" || true; }
 	rm -rf mutants
 	nice -n 10 $(BIN)/mutmut run --max-children 1 \
-	  "orchestrator.node.telemetry.x_rows_in_span*" "orchestrator.node.actors.x_window_series*" \
-	  "orchestrator.node.actors.x_span_bounds*" \
+	  "orchestrator.node.telemetry.x_rows_in_span*" "orchestrator.node.window_figures.x_window_series*" \
+	  "orchestrator.node.window_figures.x_span_bounds*" \
 	  "orchestrator.observe.summary.x_summarize_trial*" "orchestrator.observe.summary.x_summarize_series*" \
 	  "orchestrator.observe.summary.x_in_flight_mean*" "orchestrator.observe.summary.x_crosscheck_*" \
 	  "workloads.bare.x_crosscheck_ratio*" \

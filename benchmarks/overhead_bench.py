@@ -164,7 +164,7 @@ class GpuProfileOpts:
 
     @property
     def delay_s(self) -> float:
-        """As ``orchestrator.node.actors.profile_delay``: a quarter of the window, at most 10 s, ending inside it."""
+        """As ``orchestrator.node.window_figures.profile_delay``: a quarter of the window, at most 10 s, ending inside it."""
         return max(0.0, min(10.0, self.window_s / 4, self.window_s - self.seconds - 1.0))
 
 

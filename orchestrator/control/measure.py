@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
 from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan
-from orchestrator.node.actors import profile_delay
+from orchestrator.node.window_figures import profile_delay
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.restrict import Verification
 from orchestrator.observe.time_use import STEP

@@ -2,7 +2,7 @@
 
 Pickled by Ray: a failure on the node is a :class:`NodeError` (data, never an exception the driver
 would have to unpickle), everything else its own frozen dataclass. The node's actors
-(:mod:`orchestrator.node.actors`) build them; the driver's measurement sequence
+(:mod:`orchestrator.node.replica_actor`, :mod:`orchestrator.node.workload_actor`) build them; the driver's measurement sequence
 (:mod:`orchestrator.control.measure`) reads them.
 """
 

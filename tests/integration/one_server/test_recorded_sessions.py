@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.actors import reset_prefix_cache
+from orchestrator.node.prefix_cache import reset_prefix_cache
 from orchestrator.node.replica import VllmReplica
 from workloads.client import StreamingClient
 from workloads.loaders import load_sessions

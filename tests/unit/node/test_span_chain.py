@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from orchestrator.control.measure import Window, WindowSequence
-from orchestrator.node import actors
+from orchestrator.node import replica_actor as actors
 from orchestrator.node.accounting import CoreAccounting, CoreReading, span_figures
 from orchestrator.node.attribution import ProcDesc, ProcReading, RoleAccounting, Snapshot, ThreadReading, span_window
 from orchestrator.node.restrict import Verification

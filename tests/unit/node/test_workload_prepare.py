@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.node import actors
+from orchestrator.node import workload_actor as actors
 from workloads.spec import AgenticWorkload, TokenRange
 from workloads.text import bundled_tokenizer_path
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.control.measure import STEPS, Window, WindowSequence, order_label, order_of
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialStatus
 from orchestrator.values.wire import BareRun, CoreGrant, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
-from orchestrator.node.actors import window_series
+from orchestrator.node.window_figures import window_series
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import TelemetrySampler
 from orchestrator.observe.summary import summarize_series

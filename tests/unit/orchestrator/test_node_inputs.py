@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.models import ModelError, tokenizer_file
-from orchestrator.node.actors import localize
+from orchestrator.node.workload_actor import localize
 
 
 def test_a_trace_is_written_node_local_by_its_hash_and_the_spec_points_there(tmp_path: Path, monkeypatch):

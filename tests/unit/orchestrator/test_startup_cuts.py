@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.node.actors import profile_delay
+from orchestrator.node.window_figures import profile_delay
 from orchestrator.node.replica import build_vllm_command, inherited_env, server_env
 from orchestrator.node.serve_replica import host_env
 from orchestrator.observe.report.comparison import calibration
