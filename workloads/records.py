@@ -86,7 +86,7 @@ def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
 
 
 def _opt_int(value: object) -> int | None:
-    return None if value is None or pd.isna(value) else int(value)  # type: ignore[arg-type]
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
 
 
 def _opt_str(value: object) -> str | None:

@@ -124,24 +124,28 @@ class Guardian:
     """A process that ends the processes handed to it when this process dies or calls ``close()``."""
 
     def __init__(self, grace_s: float = 5.0, log: Path | None = None) -> None:
-        out = open(log, "ab") if log is not None else subprocess.DEVNULL
+        out = open(log, "ab") if log is not None else None
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", GUARDIAN, str(Path(__file__).resolve().parents[2]),
-                                          str(grace_s)], stdin=subprocess.PIPE, stdout=out, stderr=out,
+                                          str(grace_s)], stdin=subprocess.PIPE,
+                                         stdout=out if out is not None else subprocess.DEVNULL,
+                                         stderr=out if out is not None else subprocess.DEVNULL,
                                          start_new_session=True)
         finally:
-            if log is not None:
+            if out is not None:
                 out.close()
+        assert self.proc.stdin is not None  # stdin=PIPE
+        self._stdin = self.proc.stdin
 
     def watch(self, entries: list[dict[str, Any]]) -> None:
         for e in entries:
-            self.proc.stdin.write((json.dumps(e) + "\n").encode())
-        self.proc.stdin.flush()
+            self._stdin.write((json.dumps(e) + "\n").encode())
+        self._stdin.flush()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """End what was handed over and is still alive, and wait for the guardian. Idempotent."""
-        if not self.proc.stdin.closed:
-            self.proc.stdin.close()
+        if not self._stdin.closed:
+            self._stdin.close()
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -38,7 +38,7 @@ def busy_seconds(times: Sequence[object], cores: Iterable[int]) -> float:
     for c in cores:
         t = times[c]
         idle = t.idle + getattr(t, "iowait", 0.0)  # type: ignore[attr-defined]
-        allt = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # type: ignore[arg-type]
+        allt = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # type: ignore[call-overload]
         total += allt - idle
     return total
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 N_BOOT = 1000
 LEVEL = 0.95
@@ -58,7 +59,7 @@ def cell_seed(base: int, key: str) -> int:
     return (int(base) * 1_000_003 + zlib.crc32(key.encode())) % 2**32
 
 
-def _check(qs: Sequence[float], n_boot: int, level: float) -> np.ndarray:
+def _check(qs: Sequence[float] | np.ndarray, n_boot: int, level: float) -> np.ndarray:
     q = np.asarray(qs, dtype=np.float64)
     if q.ndim != 1 or not len(q) or np.any((q <= 0) | (q >= 1)):
         raise ValueError(f"quantiles must be a non-empty list of fractions in (0, 1), got {list(qs)}")
@@ -69,7 +70,7 @@ def _check(qs: Sequence[float], n_boot: int, level: float) -> np.ndarray:
     return q
 
 
-def _arrays(samples: Sequence[Sequence[float]]) -> list[np.ndarray]:
+def _arrays(samples: Sequence[ArrayLike]) -> list[np.ndarray]:
     """The repeats that hold at least one finite value, as float arrays (NaNs dropped)."""
     out = []
     for s in samples:
@@ -80,7 +81,7 @@ def _arrays(samples: Sequence[Sequence[float]]) -> list[np.ndarray]:
     return out
 
 
-def repeat_quantiles(samples: Sequence[Sequence[float]], qs: Sequence[float]) -> np.ndarray:
+def repeat_quantiles(samples: Sequence[ArrayLike], qs: Sequence[float] | np.ndarray) -> np.ndarray:
     """The point estimates: for each ``q`` in ``qs``, the median over repeats of ``quantile(repeat, q)``.
 
     NaN for every ``q`` when no repeat holds a value."""
@@ -102,7 +103,7 @@ def _resampled_quantiles(a: np.ndarray, draws: int, q: np.ndarray, rng: np.rando
     return out
 
 
-def bootstrap_quantiles(samples: Sequence[Sequence[float]], qs: Sequence[float], *, n_boot: int = N_BOOT,
+def bootstrap_quantiles(samples: Sequence[ArrayLike], qs: Sequence[float], *, n_boot: int = N_BOOT,
                         level: float = LEVEL, seed: int = 0, resample_repeats: bool = True) -> list[Interval]:
     """One :class:`Interval` per ``q`` in ``qs`` (fractions, e.g. 0.5, 0.9, 0.99) of the repeats in ``samples``.
 

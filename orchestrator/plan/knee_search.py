@@ -78,10 +78,14 @@ class Stop(str, enum.Enum):
 
 
 class Estimate(Protocol):
-    knee: int | None
-    low: int | None
-    high: int | None
-    window_figures: tuple[tuple[int, float], ...]
+    @property
+    def knee(self) -> int | None: ...
+    @property
+    def low(self) -> int | None: ...
+    @property
+    def high(self) -> int | None: ...
+    @property
+    def window_figures(self) -> tuple[tuple[int, float], ...]: ...
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import isotonic_regression
 
 STATISTICS = ("mean", "p50", "p90", "trimmed", "geomean")
@@ -100,21 +101,21 @@ class KneeEstimate:
         return any(self.windows[j] < 2 for j in range(max(0, i - 1), i + 1))
 
 
-def monotone_fit(figures: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+def monotone_fit(figures: ArrayLike, weights: ArrayLike) -> np.ndarray:
     """``figures`` (ascending cores) made non-increasing on the log scale, weighted; back in seconds."""
     y = np.log(np.asarray(figures, dtype=np.float64))
     w = np.asarray(weights, dtype=np.float64)
     return np.exp(isotonic_regression(y, weights=w, increasing=False).x)
 
 
-def knee_of(fitted: Sequence[float], tolerance: float) -> int:
+def knee_of(fitted: ArrayLike, tolerance: float) -> int:
     """Index of the fewest cores whose fitted figure is within ``tolerance`` of the best."""
     f = np.asarray(fitted, dtype=np.float64)
     best = f.min()
     return int(np.flatnonzero(f <= best * (1 + tolerance) * (1 + 1e-12))[0])
 
 
-def _clean(windows: Mapping[int, Sequence[Sequence[float]]]) -> dict[int, list[np.ndarray]]:
+def _clean(windows: Mapping[int, Sequence[ArrayLike]]) -> dict[int, list[np.ndarray]]:
     out: dict[int, list[np.ndarray]] = {}
     for cores in sorted(windows):
         kept = []
@@ -128,7 +129,7 @@ def _clean(windows: Mapping[int, Sequence[Sequence[float]]]) -> dict[int, list[n
     return out
 
 
-def estimate_knee(windows: Mapping[int, Sequence[Sequence[float]]], *, stat: str = "mean",
+def estimate_knee(windows: Mapping[int, Sequence[ArrayLike]], *, stat: str = "mean",
                   tolerance: float = 0.10, level: float = LEVEL, n_boot: int = N_BOOT,
                   seed: int = 0) -> KneeEstimate:
     """The knee of one configuration from every window's request TTFTs (see the module docstring)."""
