@@ -259,7 +259,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     for note in done.data.notes:
         console.print(f"  note: {note}", soft_wrap=True)
     table = print_tables(console, done.data.trials, sweep_name, tolerance=tolerance)
-    if core_hour_usd is not None:
+    if core_hour_usd is not None and gpu_hour_usd is not None:  # both or neither (checked above)
         bill = costs(table, core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
         console.print("cost of cores against GPUs (core_share = the cores' part of the hourly bill):")
         console.print(bill.drop(columns=[c for c in ("restriction", "start", "repeat", "vllm_variant", "hardware")

@@ -176,7 +176,7 @@ def chat_renderer(tokenizer_path: str | Path) -> Renderer:
 
     def render(messages: Sequence[Message]) -> str:
         try:
-            rendered, _ = render_jinja_template(
+            rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # vLLM returns a pair
                 conversations=[[{"role": m.role, "content": m.content} for m in messages]],
                 chat_template=template, add_generation_prompt=True, **tokens)
         except Exception as exc:  # noqa: BLE001 - jinja raises its own types (raise_exception in a template)

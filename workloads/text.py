@@ -345,7 +345,7 @@ class TextFactory:
             self._tables: dict[str, _Table] = {}
         else:
             kinds = tuple(AGENT_MIX) if style == "agent-mix" else (style,)
-            self._tables = {k: _cached(tokenizer, k, lambda k=k: _Table(tokenizer, k)) for k in kinds}
+            self._tables = {k: _cached(tokenizer, k, lambda k=k: _Table(tokenizer, k)) for k in kinds}  # type: ignore[misc]
             if len(tokenizer.encode(_PAD * 2, add_special_tokens=False).ids) != 2:
                 raise ValueError(f"{_PAD!r} is not one token with this tokenizer")
             self._self_check()

@@ -362,7 +362,7 @@ class SweepController:
 
         def lane_main() -> None:
             try:
-                lane = self.executor.lane()
+                lane = self.executor.lane()  # type: ignore[attr-defined]  # optional: checked by hasattr above
                 try:
                     while not self._stop.is_set():
                         with take:

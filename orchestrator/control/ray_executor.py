@@ -322,7 +322,7 @@ class RayTrialExecutor:
         pg_ready = time.monotonic() - t0 - waited
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
         node_dir = str(self.home / "node" / "trials" / trial.trial_id / f"attempt-{attempt}")
-        replica = ReplicaActor.options(
+        replica = ReplicaActor.options(  # type: ignore[attr-defined]  # Ray's decorator
             scheduling_strategy=strategy, num_gpus=trial.gpus, name=f"replica-{trial.trial_id}",
         ).remote(trial.model_dump_json(), node_dir)
         lease = _Lease(key, pg, strategy, replica, None, {}, book=self.book, node=node, owner=owner,
@@ -386,6 +386,7 @@ class RayTrialExecutor:
         lease.trial = trial.trial_id
         lease.mark(STEP + "cores")
         alloc = lease.alloc if shared else self._allocate(trial, lease)
+        assert alloc is not None, "a shared start's later window keeps the start's cores"
         gpu_ids = [int(g) for g in lease.facts["gpu_ids"].split(",") if g]
         # sized: the replica starts on every allocated core and is pinned to the first trial.cores of them
         # (the allocator's order: one NUMA node first); the window, its checks and accounting use those.
@@ -402,6 +403,7 @@ class RayTrialExecutor:
             warnings.append(f"client shares cores with the replica ({why}): client {alloc.client}, "
                             f"replica {alloc.replica}")
         up = lease.up if shared else self._bring_up(trial, lease, start_cores, sized_for)
+        assert up is not None, "a shared start's later window keeps what the start returned"
         lease.alloc, lease.up = alloc, up
         lease.windows += 1
         params.update(up.params)
@@ -414,13 +416,14 @@ class RayTrialExecutor:
             warnings.append("replica re-pinned live: its thread pools keep their startup size")
         lease.mark(STEP + "client")
         if lease.workload is None:  # one client process per lease: each window re-pins and re-verifies it
-            lease.workload = WorkloadActor.options(scheduling_strategy=lease.strategy).remote()
-        why = self.references.claim(trial)  # crosscheck: auto (None otherwise)
-        if why is not None:
-            params["crosscheck_why"] = why
+            lease.workload = WorkloadActor.options(  # type: ignore[attr-defined]  # Ray's decorator
+                scheduling_strategy=lease.strategy).remote()
+        claim = self.references.claim(trial)  # crosscheck: auto (None otherwise)
+        if claim is not None:
+            params["crosscheck_why"] = claim
         window = Window(trial=trial, tdir=tdir, replica=lease.replica, workload=lease.workload, up=up, alloc=alloc,
                         gpu_ids=gpu_ids, trace=self._trace(trial), warmup=not shared, mark=lease.mark,
-                        references=(why is not None) if trial.protocol.crosscheck == "auto" else None)
+                        references=(claim is not None) if trial.protocol.crosscheck == "auto" else None)
         ratio = None
         try:
             result = WindowSequence(window, on_step=self.on_step).run(params, warnings, started)
@@ -430,7 +433,7 @@ class RayTrialExecutor:
             lease.drop_workload()
             raise
         finally:
-            self.references.record(trial, why, ratio)
+            self.references.record(trial, claim, ratio)
 
     def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
                started: float) -> TrialResult:

@@ -31,7 +31,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import psutil
 
@@ -182,8 +182,9 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
             kill_group(proc)
         if line is not None:
             line.cut()
-        for pid in recorded:
-            survivors.forget(record_in, pid)
+        if record_in is not None:  # nothing is recorded without it
+            for pid in recorded:
+                survivors.forget(record_in, pid)
 
 
 def ui_command(home: Path, port: int = 5000) -> str:
@@ -199,11 +200,11 @@ def ui_command(home: Path, port: int = 5000) -> str:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _handlers() -> dict[int, object]:
+def _handlers() -> dict[int, Any]:
     return {sig: signal.getsignal(sig) for sig in _SIGNALS}
 
 
-def _restore(saved: dict[int, object]) -> None:
+def _restore(saved: dict[int, Any]) -> None:
     """Put back the signal handlers ``ray.init`` replaced.
 
     ``ray.init`` makes SIGTERM call ``sys.exit(15)``, and its core worker adds a C++ failure
@@ -348,8 +349,9 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
         if guardian is not None:
             guardian.close()
         loopback.close()
-        for pid in recorded:
-            survivors.forget(record_in, pid)
+        if record_in is not None:  # nothing is recorded without it
+            for pid in recorded:
+                survivors.forget(record_in, pid)
 
 
 __all__ = ["MlflowServer", "ServiceError", "free_port", "kill_group", "listens_in_tree", "mlflow_server", "ray_cluster",

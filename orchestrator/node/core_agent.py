@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from orchestrator.node.cores import CannotFit, CoreAllocator, NodeTopology
+from orchestrator.node.cores import CannotFit, CoreAllocator, Isolation, NodeTopology
 from orchestrator.node.hostfacts import host_facts
 from orchestrator.values.wire import CoreGrant, NodeError
 
@@ -28,7 +28,7 @@ class NodeCoreAgent:
                 "numa": {str(k): list(v) for k, v in self.topology.numa.items()},
                 "gpu_numa": {str(k): v for k, v in self.topology.gpu_numa.items()}}
 
-    def allocate(self, trial_id: str, replica_cores: int, client_cores: int, isolation: str,
+    def allocate(self, trial_id: str, replica_cores: int, client_cores: int, isolation: Isolation,
                  gpu_ids: list[int]) -> CoreGrant | NodeError:
         numa = {self.topology.gpu_numa[g] for g in gpu_ids if g in self.topology.gpu_numa}
         prefer = numa.pop() if len(numa) == 1 else None
@@ -61,7 +61,7 @@ def core_agent(node_id: str) -> Any:
     previous executor's agent while that one is still going away."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return NodeCoreAgent.options(
+    return NodeCoreAgent.options(  # type: ignore[attr-defined]  # Ray's decorator
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote()
 

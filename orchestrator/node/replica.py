@@ -190,7 +190,7 @@ class VllmReplica:
         self.mode_requested = mode
         self.mode_used, self.fallback_reason = choose_mode(mode)
         self.python = python or sys.executable
-        self.scratch_dir = Path(scratch_dir or os.environ.get("CPUSWEEP_SCRATCH", Path.home() / ".cache" / "cpusweep"))
+        self.scratch_dir = Path(scratch_dir or os.environ.get("CPUSWEEP_SCRATCH", str(Path.home() / ".cache" / "cpusweep")))
         self.stop_grace_s = stop_grace_s
         self.server_script = os.environ.get(SERVER_SCRIPT_ENV) or None
         self.resolved_args = build_vllm_command(trial, self.model_dir, port, self.python, self.server_script)

@@ -52,7 +52,7 @@ def _gpu_name() -> str:
         return "none"
 
 
-@ray.remote(num_cpus=0, max_concurrency=2)
+@ray.remote(num_cpus=0, max_concurrency=2)  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
 class ReplicaActor:
     """Owns one vLLM replica on its node: start, verify, telemetry, stop. Never outlives the trial.
 
@@ -122,6 +122,7 @@ class ReplicaActor:
             except ReplicaError as exc:
                 return NodeError(exc.kind.value, str(exc))
             # So that the next run ends this server if the driver dies without stopping it.
+            assert replica.pid is not None  # started
             survivors.record(self.home, "vllm", replica.pid)
         try:
             replica.wait_healthy(self.trial.server.startup_timeout_s)
@@ -184,6 +185,7 @@ class ReplicaActor:
         """Start counting other work on the replica's cores outside the window (the bare cross-check's run)."""
         assert self.replica is not None
         root = self.replica.pid
+        assert root is not None, "start() first"
         self.side_accounting = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
 
     def end_side_accounting(self) -> dict[str, float]:
@@ -208,6 +210,7 @@ class ReplicaActor:
         self.cpu_stat_before = self.replica.cpu_stat()
         tel = t.telemetry
         root = self.replica.pid
+        assert root is not None, "start() first"
         # The CPU accounting and the roles are read by the sampler, every period, with its samples:
         # end_window takes the figures from the readings inside the requests' span (window_counters).
         cores = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
@@ -285,7 +288,9 @@ class ReplicaActor:
                 span_s = max(0.0, t1 - t0)
             else:
                 t0, t1 = (readings[0][0], readings[-1][0]) if readings else (0.0, 0.0)
-            accounting, roles, facts = window_counters(readings, t0, t1, self.replica.pid, len(self.replica.cores))
+            root = self.replica.pid
+            assert root is not None, "start() first"
+            accounting, roles, facts = window_counters(readings, t0, t1, root, len(self.replica.cores))
             span_facts.update(facts)
         # CFS bandwidth control over the window (quota; the group's own counters, begin_window to here)
         accounting.update(throttling(self.cpu_stat_before, self.replica.cpu_stat()))

@@ -241,7 +241,7 @@ def app_classes() -> tuple[type, type, dict[str, Any]]:
             return generate_latest(get_prometheus_registry()).decode()
 
         async def reset_prefix_cache_checked(self) -> bool:  # Ray's reset_prefix_cache drops vLLM's answer
-            return bool(await self.engine._engine_client.reset_prefix_cache())
+            return bool(await self.engine._engine_client.reset_prefix_cache())  # type: ignore[union-attr]
 
     class TrialIngress(OpenAiIngress):
         def __init__(self, llm_deployments: dict[str, Any], model_cards: dict[str, Any], **kw: Any) -> None:
@@ -280,7 +280,7 @@ def build_app(config: Any) -> tuple[Any, dict[str, Any]]:
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
 
     server_cls, ingress_cls, routes = app_classes()
-    server_options = server_cls.get_deployment_options(config)
+    server_options = server_cls.get_deployment_options(config)  # type: ignore[attr-defined]
     server = build_llm_deployment(config, name_prefix=SERVER_PREFIX, deployment_cls=server_cls)
     ingress_options = OpenAiIngress.get_deployment_options([config])
     # The LLMServer's bundles hold every CPU this Ray has (the trial's cores, bookkeeping only): the
@@ -288,7 +288,7 @@ def build_app(config: Any) -> tuple[Any, dict[str, Any]]:
     ingress_options["ray_actor_options"] = {**ingress_options.get("ray_actor_options", {}), "num_cpus": 0}
     ingress_options.setdefault("name", INGRESS_NAME)
     ingress = serve.deployment(make_fastapi_ingress(ingress_cls, endpoint_map=routes), **ingress_options)
-    app = ingress.bind(llm_deployments={config.model_id: server},
+    app = ingress.bind(llm_deployments={config.model_id: server},  # type: ignore[attr-defined]
                        model_cards={config.model_id: to_model_metadata(config.model_id, config)})
     record = json.loads(json.dumps({"llm_server": server_options, "ingress": ingress_options}, default=str))
     record["llm_server"].get("ray_actor_options", {}).get("runtime_env", {}).pop("env_vars", None)  # recorded apart

@@ -33,7 +33,7 @@ def log_time_use(timelines: list, sweep: str, uri: str) -> list[str]:
     try:
         client = MlflowClient(uri) if mlflow_server_ok(uri) else None
         parent = parent_run(client, sweep) if client is not None else None
-        if parent is not None:
+        if client is not None and parent is not None:
             log_sweep_metrics(client, parent.info.run_id, figures)
     except Exception as exc:  # noqa: BLE001 (a figure about the run must not fail it)
         return [*describe_time_use(figures), f"warning: the time-use figures were not logged: {exc}"]

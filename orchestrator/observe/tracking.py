@@ -85,7 +85,8 @@ def _ms(seconds: float | None) -> int | None:
 
 
 def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Any]:
-    runs, token = [], None
+    runs: list[Any] = []
+    token = None
     while True:
         page = client.search_runs([experiment_id], filter_string, ViewType.ACTIVE_ONLY,
                                   max_results=1000, page_token=token)
@@ -368,6 +369,7 @@ class MlflowTracker(Callback):
                         return
                 except Exception as exc:  # noqa: BLE001
                     log.warning("MLflow: could not close sweep %s: %s", sweep, exc)
+            assert self._sweep is not None  # set above
             outbox.write_sweep(self.outbox_dir, self._sweep)
             outbox.write_sweep_end(self.outbox_dir, sweep, {"ended_at": time.time(), "results": len(results)})
             log.warning("sweep %s ended with results still in the outbox %s; run `orchestrator sync`",

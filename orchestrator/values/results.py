@@ -36,7 +36,7 @@ class TrialFailure(Exception):
         super().__init__(message)
         self.kind = kind
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type["TrialFailure"], tuple[ErrorKind, str]]:
         return type(self), (self.kind, str(self))
 
 

@@ -59,7 +59,7 @@ class Shape:
     description: str = ""
 
 
-def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, ctx: int, **kw: Any) -> dict:
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, ctx: int, **kw: Any) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
         "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,

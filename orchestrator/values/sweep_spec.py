@@ -11,7 +11,7 @@ settings (Ray address, MLflow URI) come from the environment, never from a sweep
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_serializer,
                       model_validator)
@@ -66,8 +66,8 @@ class HubModel(_Strict):
 
 def _model_kind(v: Any) -> str:
     if isinstance(v, dict):
-        return v.get("kind", "shape" if "shape" in v else "hf")
-    return getattr(v, "kind", "hf")
+        return cast(str, v.get("kind", "shape" if "shape" in v else "hf"))
+    return cast(str, getattr(v, "kind", "hf"))
 
 
 ModelSpec = Annotated[Union[Annotated[ShapeModel, Tag("shape")], Annotated[HubModel, Tag("hf")]],
@@ -154,7 +154,7 @@ class ServerSpec(_Strict):
     @model_serializer(mode="wrap")
     def _omit_default_frontend(self, handler: Any) -> dict[str, Any]:
         # Left out at their defaults, so that the trials of every sweep written before them keep their ids.
-        out = handler(self)
+        out: dict[str, Any] = handler(self)
         if self.serve_frontend == "inside":
             out.pop("serve_frontend", None)
         for name in ("kv_cache_bytes", "cudagraph_sizes"):
@@ -274,7 +274,7 @@ class TelemetrySpec(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
+        out: dict[str, Any] = handler(self)
         for name, default in (("stacks", StacksSpec()), ("gpu_profile", GpuProfileSpec())):
             if getattr(self, name) == default:
                 out.pop(name, None)
@@ -489,7 +489,7 @@ class SweepSpec(_Strict):
     def _omit_default_repeats(self, handler: Any) -> dict[str, Any]:
         # A repeat count the spec left out stays out, so a dumped spec parses back to the same spec, and
         # one copied into a grid with other GPU counts takes that grid's default.
-        out = handler(self)
+        out: dict[str, Any] = handler(self)
         if not self.repeats_given:
             out.pop("repeats", None)
         if self.search == SearchSpec():  # a grid's dumped spec stays as it was before the field existed

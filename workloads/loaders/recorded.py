@@ -138,7 +138,7 @@ def _count(path: Path, line: int, obj: dict, key: str, where: str, *, required: 
     value = obj.get(key)
     if value is None and not required:
         return None
-    if not is_int(value) or value < 0:
+    if not isinstance(value, int) or not is_int(value) or value < 0:
         raise TraceError(path, line, f"{where}.{key} must be an int >= 0")
     return value
 
@@ -192,7 +192,8 @@ def _parse_chat(path: Path, line: int, obj: dict) -> list[_RawTurn]:
     if "messages" not in obj:
         raise TraceError(path, line, "missing field 'messages'")
     messages = _messages(path, line, obj["messages"], "messages")
-    out, delta = [], []
+    out: list[_RawTurn] = []
+    delta: list[Message] = []
     for m in messages:
         if m.role != "assistant":
             delta.append(m)

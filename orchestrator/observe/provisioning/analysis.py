@@ -199,7 +199,7 @@ def cdf_figure(cdf: pd.DataFrame, knees: Mapping[str, float] | None = None, thre
     fig = Figure(figsize=(14, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2, sharey=True)
-    tab20 = matplotlib.colormaps["tab20"].colors
+    tab20 = matplotlib.colormaps["tab20"].colors  # type: ignore[attr-defined]  # a ListedColormap
     colours = tab20[::2] + tab20[1::2]  # the ten strong hues first
     for ax, kind, what in ((axes[0], "requests", "requested by jobs"), (axes[1], "nodes", "of the nodes (hardware)")):
         part = cdf[cdf["kind"] == kind]

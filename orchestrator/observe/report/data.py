@@ -211,8 +211,9 @@ def from_outbox(outbox_dir: Path, sweep: str, *, reason: str) -> SweepData | Non
             notes.append(str(exc))
     info = outbox.read_sweep(outbox_dir, sweep) or {}
     where = f"sweep.json of {sweep!r} in the outbox {outbox_dir}"
+    plan = info.get("plan")
     slo = first_slo([(info.get("params"), f"{where}: params"), (info.get("spec"), f"{where}: spec"),
-                     (info.get("plan")[0] if info.get("plan") else None, f"{where}: plan")])
+                     (plan[0] if plan else None, f"{where}: plan")])
     return SweepData(sweep=sweep, kind="outbox", source=f"the local outbox {outbox_dir} ({reason})",
                      trials=payloads_frame(e.payload for e in entries), records=records, slo=slo, notes=tuple(notes))
 

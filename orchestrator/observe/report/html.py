@@ -141,7 +141,7 @@ def _rows_table(rows: pd.DataFrame, slo: Slo) -> str:
     return "".join(out)
 
 
-def _cores(n: float) -> str:
+def _cores(n: Any) -> str:
     return "1 core" if int(n) == 1 else f"{int(n)} cores"
 
 

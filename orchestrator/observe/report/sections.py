@@ -70,10 +70,10 @@ def extras_for(rows: pd.DataFrame, opts: ReportOptions, table: pd.DataFrame | No
 
     attempt("diagnosis", lambda: {"diagnosis": diagnosis.diagnose(config_rows, tolerance=opts.tolerance)})
     attempt("predicted knee", lambda: prediction(config_rows, opts.tolerance))
-    if opts.priced:
+    if (prices := opts.prices) is not None:
         whole = table.reindex(columns=[*COLUMNS, *attribution_columns(table)]) if table is not None else None
         attempt("knee costs", lambda: {"knee_costs": cost.knee_costs(
-            config_rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd, tolerance=opts.tolerance,
+            config_rows, core_hour_usd=prices[0], gpu_hour_usd=prices[1], tolerance=opts.tolerance,
             table=whole)})
     return Extras(**found, notes=tuple(notes))
 

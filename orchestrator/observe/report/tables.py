@@ -78,7 +78,14 @@ class ReportOptions:
 
     @property
     def priced(self) -> bool:
-        return self.core_hour_usd is not None and self.gpu_hour_usd is not None
+        return self.prices is not None
+
+    @property
+    def prices(self) -> tuple[float, float] | None:
+        """(core-hour, GPU-hour) in USD when both are set, else None."""
+        if self.core_hour_usd is None or self.gpu_hour_usd is None:
+            return None
+        return self.core_hour_usd, self.gpu_hour_usd
 
 
 def ttft_values(records: pd.DataFrame) -> np.ndarray:
@@ -103,7 +110,7 @@ def _slo_view(records: pd.DataFrame) -> list[Any]:
     return [RequestRecord(request_id="", session_id="", turn=0, scheduled_ns=int(sched), sent_ns=int(sent),
                           first_token_ns=None if pd.isna(first) else int(first), token_ns=(), end_ns=int(end),
                           prompt_tokens=0, completion_tokens=int(tokens), cached_tokens=None, client_prompt_tokens=0,
-                          tokenize_ns=0, status=str(status))
+                          tokenize_ns=0, status=str(status))  # type: ignore[arg-type] # checked by RequestRecord
             for status, sched, sent, first, end, tokens in zip(*cols)]
 
 

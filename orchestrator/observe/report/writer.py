@@ -94,8 +94,8 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
         written.append(plots.holdout_plot(extras.holdout, plot_dir / f"{anchor}-holdout.png", title=label))
     names = {p.stem.removeprefix(f"{anchor}-"): f"plots/{p.name}" for p in written}
     bill = None
-    if opts.priced:
-        bill = costs(rows, core_hour_usd=opts.core_hour_usd, gpu_hour_usd=opts.gpu_hour_usd)
+    if (prices := opts.prices) is not None:
+        bill = costs(rows, core_hour_usd=prices[0], gpu_hour_usd=prices[1])
         bill = bill.reindex(columns=[c for c in _COST_COLUMNS if c in bill])
     section = Section(anchor=anchor, label=label, factors=dict(zip(CONFIG, key)), rows=rows, knee=observed,
                       extras=extras, plots=names, costs=bill, knee_estimate=interval)
