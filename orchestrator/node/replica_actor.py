@@ -21,7 +21,7 @@ from orchestrator.node.cores import format_cpulist
 from orchestrator.node.gpu_profile import GpuProfileCapture
 from orchestrator.node.prefix_cache import reset_prefix_cache
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
-from orchestrator.node.restrict import Verification, throttling, tree_pids
+from orchestrator.node.restrict import Verification, tree_pids
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
 from orchestrator.node.window_figures import (CounterReading, profile_delay, span_bounds, window_counters,
@@ -79,7 +79,6 @@ class ReplicaActor:
         self._profile_result: tuple[dict[str, float], dict[str, str]] | None = None
         self._windows = 0
         self.before: Any = None
-        self.cpu_stat_before: dict[str, int] = {}
         self.tokenizer_path = ""
         self._lock = threading.Lock()
         self._stopped = False
@@ -207,20 +206,21 @@ class ReplicaActor:
         else:
             facts["prefix_cache_reset"] = "off"
         self.before = scrape(self.replica.base_url)
-        self.cpu_stat_before = self.replica.cpu_stat()
         tel = t.telemetry
         root = self.replica.pid
         assert root is not None, "start() first"
-        # The CPU accounting and the roles are read by the sampler, every period, with its samples:
-        # end_window takes the figures from the readings inside the requests' span (window_counters).
-        cores = CoreAccounting(tuple(sorted(self.replica.cores)), lambda: tree_pids(root)).start()
+        # The CPU accounting, the roles and the cgroup's cpu.stat are read by the sampler, every period, with
+        # its samples: end_window takes the figures from the readings inside the requests' span (window_counters).
+        replica = self.replica
+        cores = CoreAccounting(tuple(sorted(replica.cores)), lambda: tree_pids(root)).start()
         roles = RoleAccounting(root, lambda: tree_pids(root))
         self.accounting, self.roles = cores, roles
         self.sampler = TelemetrySampler(replica_cpus=sorted(self.replica.cores), client_cpus=client_cpus,
                                         metrics_url=self.replica.base_url if tel.metrics_hz > 0 else None,
                                         hz=tel.host_hz, metrics_hz=tel.metrics_hz or 1.0,
                                         gpu_indices=gpu_ids or None, gpu_reader=tel.gpu and t.gpus > 0,
-                                        counters=lambda: CounterReading(cores.read(), roles.read()))
+                                        counters=lambda: CounterReading(cores.read(), roles.read(),
+                                                                        replica.cpu_stat()))
         self.sampler.start()
         st = tel.stacks
         self.stacks = (StackSampler(root, rate_hz=st.rate_hz, native=st.native, gpu=t.gpus > 0).start()
@@ -292,8 +292,6 @@ class ReplicaActor:
             assert root is not None, "start() first"
             accounting, roles, facts = window_counters(readings, t0, t1, root, len(self.replica.cores))
             span_facts.update(facts)
-        # CFS bandwidth control over the window (quota; the group's own counters, begin_window to here)
-        accounting.update(throttling(self.cpu_stat_before, self.replica.cpu_stat()))
         self.accounting = self.roles = None
         attribution, attribution_params = self._attribution(requests, roles)
         if self.gpu_capture is not None:  # captured in this window

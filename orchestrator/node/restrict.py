@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import psutil
 
@@ -130,18 +130,20 @@ def parse_cpu_stat(path: Path) -> dict[str, int]:
     return out
 
 
-def throttling(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+def throttling(before: Mapping[str, int], after: Mapping[str, int], scale: float = 1.0) -> dict[str, float]:
     """What CFS bandwidth control did between two ``cpu.stat`` readings (pure): the periods the group ran
-    in, the share of them it was throttled in, and the seconds its threads waited throttled. Empty when
-    either reading lacks the counters (no cpu controller on the group: cpuset, affinity)."""
+    in, the share of them it was throttled in, and the seconds its threads waited throttled; the counts and
+    seconds multiplied by ``scale`` (a window's span over the readings' distance, as the CPU accounting
+    scales its differences), the share not. Empty when either reading lacks the counters (no cpu controller
+    on the group: cpuset, affinity)."""
     keys = ("nr_periods", "nr_throttled", "throttled_usec")
     if not all(k in before and k in after for k in keys):
         return {}
     periods = after["nr_periods"] - before["nr_periods"]
     throttled = after["nr_throttled"] - before["nr_throttled"]
-    return {"cgroup_periods": float(periods), "cgroup_throttled_periods": float(throttled),
+    return {"cgroup_periods": periods * scale, "cgroup_throttled_periods": throttled * scale,
             "cgroup_throttled_frac": throttled / periods if periods > 0 else 0.0,
-            "cgroup_throttled_s": (after["throttled_usec"] - before["throttled_usec"]) / 1e6}
+            "cgroup_throttled_s": (after["throttled_usec"] - before["throttled_usec"]) / 1e6 * scale}
 
 
 def _quota_text(n_cores: int) -> str:
@@ -222,7 +224,8 @@ class ModeKind:
         raise NotImplementedError
 
     def violation(self, pid: int, group: Path, seen: str, expected: frozenset[int]) -> str:
-        return f"pid {pid}: cgroup {group} {seen!r}, want {self.wanted(expected)!r}"
+        """The verification's words for a process whose group reads ``seen`` instead of :meth:`wanted`."""
+        raise NotImplementedError
 
     def describe(self, cpus: frozenset[int]) -> dict[str, str]:
         """What the trial's params record of the limit beyond the mode and the cores."""

@@ -5,12 +5,13 @@ a GPU profile's capture starts inside a run. The replica actor (``replica_actor`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.node.accounting import CoreReading, span_figures
 from orchestrator.node.attribution import RoleWindow, Snapshot, span_window
+from orchestrator.node.restrict import throttling
 from orchestrator.node.telemetry import rows_in_span, span_readings
 from orchestrator.values.wire import WindowSpan
 
@@ -42,18 +43,20 @@ def window_series(rows: list[dict[str, Any]], started_at: float, sampled_s: floa
 @dataclass(frozen=True)
 class CounterReading:
     """One reading of a window's cumulative counters (the sampler takes one every period): the replica's
-    cores and tree (:class:`~orchestrator.node.accounting.CoreReading`) and its processes by role."""
+    cores and tree (:class:`~orchestrator.node.accounting.CoreReading`), its processes by role, and its
+    cgroup's ``cpu.stat`` (empty without one: affinity)."""
 
     cores: CoreReading
     roles: Snapshot
+    cgroup: Mapping[str, int] = field(default_factory=dict)
 
 
 def window_counters(readings: Sequence[tuple[float, CounterReading]], t0: float, t1: float, root: int,
                     ncores: int) -> tuple[dict[str, float], RoleWindow | None, dict[str, float]]:
-    """The CPU accounting and the per-role figures over ``[t0, t1]`` (the requests' span, in the sampler's
-    seconds) from the sampler's counter readings ``(t, reading)`` (pure).
+    """The CPU accounting (with a quota's throttling) and the per-role figures over ``[t0, t1]`` (the
+    requests' span, in the sampler's seconds) from the sampler's counter readings ``(t, reading)`` (pure).
 
-    Both come from the same two readings, the first and the last inside the span
+    All come from the same two readings, the first and the last inside the span
     (:func:`~orchestrator.node.telemetry.span_readings`), their differences scaled to the span's length;
     the foreign share divides by the span's seconds times ``ncores``. Returns (accounting metrics, role
     window or None without two readings apart, {``accounting_s``: the seconds between the two readings}).
@@ -63,8 +66,9 @@ def window_counters(readings: Sequence[tuple[float, CounterReading]], t0: float,
         return {}, None, {}
     (ta, a), (tb, b) = readings[pair[0]], readings[pair[1]]
     covered, span_s = tb - ta, max(0.0, t1 - t0)
-    return (span_figures(a.cores, b.cores, covered, span_s, ncores),
-            span_window(a.roles, b.roles, root, covered, span_s), {"accounting_s": round(covered, 3)})
+    accounting = span_figures(a.cores, b.cores, covered, span_s, ncores)
+    accounting.update(throttling(a.cgroup, b.cgroup, span_s / covered if covered > 0 else 0.0))
+    return (accounting, span_window(a.roles, b.roles, root, covered, span_s), {"accounting_s": round(covered, 3)})
 
 
 def profile_delay(run_s: float, capture_s: float) -> float:
