@@ -12,8 +12,8 @@ import random
 from typing import Any
 
 from orchestrator.values.sweep_spec import SweepSpec
-from workloads import loaders
 from orchestrator.values.trial import SweepPlan, TrialSpec, trial_hash
+from workloads.loaders import in_flight  # the most requests a workload keeps in flight (its kind's field)
 
 
 def expand(spec: SweepSpec) -> SweepPlan:
@@ -67,11 +67,6 @@ def expand(spec: SweepSpec) -> SweepPlan:
     if spec.protocol.order == "shuffled":
         trials = shuffled(trials, spec.protocol.seed)
     return SweepPlan(spec=spec, trials=tuple(trials))
-
-
-def in_flight(workload: Any) -> int:
-    """The most requests ``workload`` keeps in flight: its closed loop's concurrency, or a trace's max_in_flight."""
-    return loaders.in_flight(workload)
 
 
 def match_load_sizes(workloads: Any, cap: int = 512) -> tuple[int, ...]:
@@ -147,4 +142,4 @@ def _cores_for(start: str, asked: tuple[str, ...], cores: tuple[int, ...], calib
     return sorted(wanted, reverse=(start == "repin"))
 
 
-__all__ = ["chain_key", "chains", "expand", "in_flight", "match_load_sizes", "replica_key", "shuffled", "start_key"]
+__all__ = ["chain_key", "chains", "expand", "match_load_sizes", "replica_key", "shuffled", "start_key"]
