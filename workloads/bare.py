@@ -11,7 +11,8 @@ deliberately small, independent client, and the two TTFTs are compared
 What it does, kept equal to the product on purpose:
   * the same prompts: turn k is the context so far plus the real answer, then turn k's text;
   * the same request body (``model, prompt, max_tokens, min_tokens = max_tokens, ignore_eos,
-    temperature 0, stream, stream_options.include_usage + continuous_usage_stats``);
+    temperature 0, stream, stream_options.include_usage + continuous_usage_stats``), and for a
+    structured-output turn its ``response_format`` in place of the forced length (``structured``);
   * recorded sessions (chat) go to ``/v1/chat/completions`` with ``messages`` in place of
     ``prompt`` and the same other fields; the history is every turn's recorded messages, and
     after each answer an assistant message holding the recorded answer (``mode: trace``) or
@@ -48,6 +49,9 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from .structured import length_fields
+from .trace import ResponseFormat
 
 _NS = 1e9
 
@@ -204,7 +208,8 @@ class BareClient:
                     await asyncio.sleep(turn.think_s)
                 if time.perf_counter() >= self.window_end:
                     return
-                row, answer = await self._send(f"{session.session_id}:{k}", "".join(context), turn.output_tokens)
+                row, answer = await self._send(f"{session.session_id}:{k}", "".join(context), turn.output_tokens,
+                                               fmt=turn.response_format)
                 self.rows.append(row)
                 if row["status"] != "ok":
                     return
@@ -224,7 +229,7 @@ class BareClient:
                 if time.perf_counter() >= self.window_end:
                     return
                 row, answer = await self._send(f"{session.session_id}:{k}", None, turn.output_tokens,
-                                               messages=history)
+                                               messages=history, fmt=turn.response_format)
                 self.rows.append(row)
                 if row["status"] != "ok":
                     return
@@ -234,12 +239,12 @@ class BareClient:
             slots.release()
 
     async def _send(self, request_id: str, prompt: str | None, max_tokens: int,
-                    messages: list[dict[str, str]] | None = None) -> tuple[dict[str, Any], str]:
+                    messages: list[dict[str, str]] | None = None,
+                    fmt: ResponseFormat | None = None) -> tuple[dict[str, Any], str]:
         # The product's body, field for field; a chat request differs only by messages for prompt.
         first_field = {"prompt": prompt} if messages is None else {"messages": messages}
         body = json.dumps({
-            "model": self.model, **first_field, "max_tokens": max_tokens, "min_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0, "stream": True,
+            "model": self.model, **first_field, **length_fields(max_tokens, fmt), "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }).encode()
         url = self.url if messages is None else self.chat_url

@@ -15,7 +15,8 @@ Choices, and why:
     ``trust_env=False`` keeps an inherited ``HTTP_PROXY`` from routing localhost traffic.
   * The request forces the output length (``min_tokens`` = ``max_tokens``, a vLLM
     extension, plus ``ignore_eos``) so a trial's decode work does not depend on what a
-    dummy-weight model happens to emit, and ``temperature: 0``.
+    dummy-weight model happens to emit, and ``temperature: 0``. A structured-output turn
+    sends its ``response_format`` instead of forcing the length (``structured.length_fields``).
   * ``stream_options.continuous_usage_stats`` makes vLLM put the cumulative completion
     token count on every chunk, so a chunk carrying k tokens is known to carry k. Each of
     those tokens is stamped with the chunk's arrival time: the client cannot see when the
@@ -49,8 +50,9 @@ import aiohttp
 
 from .protocols import Clock, MonotonicClock, Request
 from .records import RequestRecord, Status
+from .structured import length_fields
 from .text import timed_count
-from .trace import Message
+from .trace import Message, ResponseFormat
 
 _READ_BUFSIZE = 1 << 20  # SSE events are small, but a long error body must not overflow readline
 _ERROR_BODY_CHARS = 500
@@ -180,7 +182,8 @@ class StreamingClient:
             prompt_tokens=st.prompt_tokens if st.prompt_tokens is not None else client_tokens,
             completion_tokens=st.completion_tokens if st.completion_tokens is not None else len(st.token_ns),
             cached_tokens=st.cached_tokens, client_prompt_tokens=client_tokens, tokenize_ns=tokenize_ns,
-            status=status, error=error, recorded_prompt_tokens=request.recorded_prompt_tokens)
+            status=status, error=error, recorded_prompt_tokens=request.recorded_prompt_tokens,
+            response_schema=request.response_format.name if request.response_format else None)
         return record, "".join(st.text)
 
     async def _exchange(self, url: str, body: bytes, st: "_StreamState") -> None:
@@ -224,7 +227,7 @@ class _BodyEncoder:
         if continuous_usage:
             stream_options["continuous_usage_stats"] = True
         self._stream_options = stream_options
-        self._tails: dict[int, bytes] = {}
+        self._tails: dict[tuple[int, str | None], bytes] = {}
         self._sessions = max(1, sessions)
         # session id -> (the prompt or messages sent last, their JSON: the escaped prompt
         # without quotes, or the message objects without brackets)
@@ -233,16 +236,17 @@ class _BodyEncoder:
 
     def encode(self, request: Request) -> bytes:
         """The body ``json.dumps`` would give for ``request`` (same keys, order and separators)."""
-        tail = self._tail(request.max_tokens)
+        tail = self._tail(request.max_tokens, request.response_format)
         if request.messages is None:
             return b"".join((self._text_head, self._encoded(request.session_id, request.prompt), b'"', tail))
         return b"".join((self._chat_head, self._encoded(request.session_id, request.messages), b"]", tail))
 
-    def _tail(self, max_tokens: int) -> bytes:
-        if (tail := self._tails.get(max_tokens)) is None:
-            rest = json.dumps({"max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
-                               "temperature": 0, "stream": True, "stream_options": self._stream_options})
-            tail = self._tails[max_tokens] = b", " + rest[1:].encode()
+    def _tail(self, max_tokens: int, fmt: ResponseFormat | None) -> bytes:
+        key = (max_tokens, fmt.json if fmt is not None else None)
+        if (tail := self._tails.get(key)) is None:
+            rest = json.dumps({**length_fields(max_tokens, fmt), "temperature": 0, "stream": True,
+                               "stream_options": self._stream_options})
+            tail = self._tails[key] = b", " + rest[1:].encode()
         return tail
 
     def _encoded(self, session_id: str, value: str | tuple[Message, ...]) -> bytes:

@@ -187,7 +187,8 @@ class LoadGenerator:
                     request_id=f"{session.session_id}:{k}", session_id=session.session_id, turn=k,
                     prompt=prompt, max_tokens=turn.output_tokens, scheduled_ns=scheduled_ns,
                     timeout_s=state.timeout_s, cut_ns=state.cut_ns, planned_prompt_tokens=planned,
-                    messages=messages, recorded_prompt_tokens=turn.recorded_prompt_tokens)
+                    messages=messages, recorded_prompt_tokens=turn.recorded_prompt_tokens,
+                    response_format=turn.response_format)
                 record, answer = await self._send(request)
                 state.records.append(record)
                 if self._keep_prompts:
@@ -211,7 +212,8 @@ class LoadGenerator:
                 end_ns=self._clock.now_ns(), prompt_tokens=request.planned_prompt_tokens,
                 completion_tokens=0, cached_tokens=None, client_prompt_tokens=request.planned_prompt_tokens,
                 tokenize_ns=0, status="error", error=f"backend raised {type(exc).__name__}: {exc}",
-                recorded_prompt_tokens=request.recorded_prompt_tokens), ""
+                recorded_prompt_tokens=request.recorded_prompt_tokens,
+                response_schema=request.response_format.name if request.response_format else None), ""
 
 
 class _TextHistory:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .records import RequestRecord
-from .trace import Message
+from .trace import Message, ResponseFormat
 
 
 class Clock(Protocol):
@@ -57,6 +57,7 @@ class Request:
     holds the messages as a transcript (``chat_transcript``), which is what client-side
     tokenization counts, since there is no single prompt string on the client.
     ``recorded_prompt_tokens``: the recording's prompt count, copied into the record.
+    ``response_format``: the turn's structured-output constraint (``max_tokens`` is then a cap, not forced).
     """
 
     request_id: str
@@ -70,6 +71,7 @@ class Request:
     planned_prompt_tokens: int
     messages: tuple[Message, ...] | None = None
     recorded_prompt_tokens: int | None = None
+    response_format: ResponseFormat | None = None
 
 
 def chat_transcript(messages: tuple[Message, ...] | list[Message]) -> str:

@@ -53,6 +53,7 @@ class RequestRecord:
     status: Status
     error: str | None = None
     recorded_prompt_tokens: int | None = None
+    response_schema: str | None = None  # the tool whose arguments the answer was constrained to (structured output)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -67,7 +68,7 @@ _INT_COLUMNS = ("turn", "scheduled_ns", "sent_ns", "end_ns", "prompt_tokens", "c
 _NULLABLE_INT_COLUMNS = ("first_token_ns", "cached_tokens", "recorded_prompt_tokens")
 # Columns added after records were first written: frames (Parquet files) from before lack
 # them, and read back with the field's default.
-_OPTIONAL_COLUMNS = ("recorded_prompt_tokens",)
+_OPTIONAL_COLUMNS = ("recorded_prompt_tokens", "response_schema")
 
 
 def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
@@ -81,7 +82,8 @@ def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
         frame[col] = frame[col].astype("Int64")
     for col in ("request_id", "session_id", "status"):
         frame[col] = frame[col].astype("string")
-    frame["error"] = frame["error"].astype("string")
+    for col in ("error", "response_schema"):
+        frame[col] = frame[col].astype("string")
     return frame
 
 
@@ -117,6 +119,7 @@ def frame_to_records(frame: pd.DataFrame) -> list[RequestRecord]:
             status=str(row["status"]),  # type: ignore[arg-type]
             error=_opt_str(row["error"]),
             recorded_prompt_tokens=_opt_int(row.get("recorded_prompt_tokens")),
+            response_schema=_opt_str(row.get("response_schema")),
         ))
     return out
 

@@ -8,9 +8,9 @@ prompt is the session's whole accumulated context. Variants are discriminated on
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 
 class _Strict(BaseModel):
@@ -28,6 +28,53 @@ class TokenRange(_Strict):
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
         return self
+
+
+class ToolSchema(_Strict):
+    """One tool's argument schema: an answer constrained by it is a JSON object of this tool's arguments."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The tool's name (the json_schema's name).")
+    parameters: dict[str, Any] = Field(description="JSON Schema of the tool's arguments: an object schema.")
+
+    @model_validator(mode="after")
+    def _object(self) -> "ToolSchema":
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters must be an object schema (type: object), "
+                             f"got type {self.parameters.get('type')!r}")
+        return self
+
+
+class StructuredOutput(_Strict):
+    """Answers constrained by a JSON schema, as agent frameworks ask for a tool call's arguments.
+
+    Each constrained turn sends ``response_format: {type: json_schema, json_schema: {name, schema, strict:
+    true}}`` with one tool's argument schema, drawn (seeded, per session and turn) from ``tools``. The
+    server compiles a grammar per schema (its structured-output threads, sized from the host's cores,
+    not the replica's) and masks every decode step with it.
+
+    Such a turn sends no ``min_tokens`` or ``ignore_eos``: forcing the length would forbid the end of
+    sequence once the grammar has closed its object, and leave no token the grammar allows. The answer
+    ends where the grammar and ``max_tokens`` (the turn's output count) let it, and records keep the
+    tokens it had (``completion_tokens``) and the schema's name (``response_schema``)."""
+
+    tools: Literal["coding-agent"] | tuple[ToolSchema, ...] = Field(
+        default="coding-agent",
+        description="'coding-agent': the nine tools of workloads/schemas/coding-agent.json (shell, file editor, "
+                    "read, grep, list, tests, web fetch, think, finish), or a list of {name, parameters}.")
+    fraction: float = Field(default=1.0, gt=0, le=1,
+                            description="Share of turns constrained (seeded per session and turn); the rest are "
+                                        "free text with their forced length.")
+
+    @field_validator("tools")
+    @classmethod
+    def _some_unique(cls, v: Any) -> Any:
+        if isinstance(v, tuple):
+            names = [t.name for t in v]
+            if not names:
+                raise ValueError("give at least one tool, or 'coding-agent'")
+            if len(set(names)) != len(names):
+                raise ValueError(f"tool names must be unique, got {names}")
+        return v
 
 
 class _WorkloadBase(_Strict):
@@ -48,6 +95,17 @@ class _WorkloadBase(_Strict):
                     "'after' the window (no interference with the load; keeps prompts in memory until then), "
                     "'inflight' in a worker thread while the request runs (competes with the client for its "
                     "cores), or 'off'.")
+    structured_output: StructuredOutput | None = Field(
+        default=None,
+        description="Constrain answers to tools' argument schemas (response_format json_schema); None: free text.")
+
+    @model_serializer(mode="wrap")
+    def _omit_free_text(self, handler: Any) -> dict[str, Any]:
+        # Left out when unset, so that a workload written before the field existed keeps its trial ids.
+        out: dict[str, Any] = handler(self)
+        if self.structured_output is None:
+            out.pop("structured_output", None)
+        return out
 
 
 TextStyle = Literal["agent-mix", "code", "prose", "json", "uniform"]
@@ -158,5 +216,5 @@ class RecordedWorkload(_WorkloadBase):
 WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload, RecordedWorkload],
                          Field(discriminator="kind")]
 
-__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "TextStyle", "TokenRange",
-           "WorkloadSpec"]
+__all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "StructuredOutput", "TextStyle",
+           "TokenRange", "ToolSchema", "WorkloadSpec"]

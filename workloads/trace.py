@@ -38,6 +38,15 @@ class Message(NamedTuple):
     content: str
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """A turn's structured-output constraint: the tool whose arguments the answer must be, and the request's
+    ``response_format`` value as JSON text (built once by ``structured.response_format``)."""
+
+    name: str
+    json: str
+
+
 class Block(NamedTuple):
     """``tokens`` tokens of deterministic text for ``hash_id`` (see ``TextFactory.block``)."""
 
@@ -60,6 +69,9 @@ class Turn:
     ``recorded_answer``: the assistant text appended after it (None: the server's answer).
     ``recorded_prompt_tokens``: the recording's prompt token count, to compare with the server's.
     ``prompt_tokens_estimate``: the loader's prompt size, the fallback count (see ``planned_prompt_tokens``).
+
+    ``response_format``: set on a turn whose answer is constrained to a tool's arguments (``structured``);
+    its length is then not forced: ``output_tokens`` is its ``max_tokens`` only.
     """
 
     append: tuple[Block, ...]
@@ -69,6 +81,7 @@ class Turn:
     recorded_answer: str | None = None
     recorded_prompt_tokens: int | None = None
     prompt_tokens_estimate: int | None = None
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.append:
@@ -126,4 +139,4 @@ class Session:
             sum(t.output_tokens for t in self.turns[:turn])
 
 
-__all__ = ["Block", "Message", "Session", "Turn", "WorkloadInputError"]
+__all__ = ["Block", "Message", "ResponseFormat", "Session", "Turn", "WorkloadInputError"]

@@ -10,6 +10,9 @@ with ``--native``, frames of C/C++ code carry a library name instead of a ``.py`
 Categories (:data:`CATEGORIES`), the paths through which CPU starvation grows TTFT:
 
 - ``tokenization``: tokenizers, the input processor and renderer, detokenization;
+- ``structured_output``: structured outputs (vLLM's ``structured_output`` package and the grammar libraries
+  under it): checking a request's schema in the API server, compiling its grammar in the engine core's
+  pool threads, and filling the token bitmask of every decode step;
 - ``http``: uvicorn, starlette, fastapi, the asyncio event loop, aiohttp, the OpenAI front end;
 - ``scheduling``: vLLM v1's scheduler and KV-cache manager, and the engine core's loop around them;
 - ``input_prep``: the model runner preparing a step's inputs (states, input ids, attention metadata);
@@ -55,8 +58,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-CATEGORIES: tuple[str, ...] = ("tokenization", "http", "scheduling", "input_prep", "ipc", "shm_broadcast",
-                               "cuda_launch", "model_forward", "idle", "other")
+CATEGORIES: tuple[str, ...] = ("tokenization", "structured_output", "http", "scheduling", "input_prep", "ipc",
+                               "shm_broadcast", "cuda_launch", "model_forward", "idle", "other")
 NOT_CPU: frozenset[str] = frozenset({"idle"})  # categories whose share is in no CPU figure
 Q = r"(^|\.)"  # a function name, bare or qualified by its class (``GPUModelRunner._prepare_inputs``)
 
@@ -68,6 +71,9 @@ def _rules(*pairs: tuple[str, str]) -> tuple[tuple[str, re.Pattern[str]], ...]:
 # What the code is *for*, named by a frame anywhere in the stack (the innermost match wins): preparing
 # inputs runs torch ops, scheduling calls into queues, and those frames must not name the stack.
 PURPOSE = _rules(
+    # First: xgrammar's own tokenizer-info frames would otherwise read as tokenization.
+    ("structured_output", r"\(vllm/v1/structured_output/|\(xgrammar/|\(llguidance/|\(outlines_core/"
+                          r"|\(outlines/|\(lmformatenforcer/"),
     ("tokenization", r"\(tokenizers/|\(transformers/(models/.*/)?tokenization_|\(vllm/tokenizers/"
                      r"|\(vllm/transformers_utils/tokenizer|\(vllm/v1/engine/detokenizer\.py"
                      r"|\(vllm/v1/engine/input_processor\.py|\(vllm/v1/engine/processor\.py|\(vllm/renderers/"

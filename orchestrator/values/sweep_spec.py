@@ -470,6 +470,17 @@ class SweepSpec(_Strict):
             raise ValueError("repeats: {min, max, until_ci} applies to search: knee only; give an int for a grid")
         return v
 
+    @model_validator(mode="after")
+    def _bench_sends_free_text(self) -> "SweepSpec":
+        # vllm bench serve has no per-request fields: it cannot send a structured-output turn's response_format,
+        # so it would replay another load. (The bare client sends it, as the harness does.)
+        p = self.protocol
+        structured = [w.name for w in self.workloads if w.structured_output is not None]
+        if structured and p.crosscheck is not False and "vllm-bench" in p.crosscheck_clients:
+            raise ValueError(f"protocol.crosscheck_clients: 'vllm-bench' cannot send the response_format of workloads "
+                             f"{structured} (structured_output); keep crosscheck_clients: [bare] for them")
+        return self
+
     @property
     def repeat_count(self) -> int:
         """Repeats of each combination in the plan: ``repeats``, or a knee search's ``repeats.max``."""

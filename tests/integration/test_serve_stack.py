@@ -1,7 +1,8 @@
 """A ray-serve replica on vLLM-CPU (the tiny shape, one core), held by a Ray actor as ReplicaActor holds one,
 so that its own Ray starts from inside another: it serves streamed completions to the product's client, every
 thread of its tree is on the trial's core, it serves the protocol's /reset_prefix_cache and /metrics, and it
-is torn down with no Serve actor and no vLLM process left (checked by pid). A start Ray Serve LLM refuses
+is torn down with no Serve actor and no vLLM process left (checked by pid). It also serves the H200 questions'
+workload: recorded sessions through the chat endpoint, half of them with structured output. A start Ray Serve LLM refuses
 fails with ReplicaError, its logs, and nothing left. One Serve start in all."""
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from orchestrator.node.serve_host import process_name, replica_names
 from orchestrator.values.trial import TrialSpec
 from itest import LAST_CORE, NODE, tiny_trial
 from workloads import run_workload_sync
-from workloads.spec import AgenticWorkload, TokenRange
+from workloads.spec import AgenticWorkload, RecordedWorkload, StructuredOutput, TokenRange
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 CORE = LAST_CORE
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def trial(args: tuple[str, ...]) -> TrialSpec:
@@ -132,6 +134,20 @@ def test_ray_serve_replica_serves_is_verified_and_leaves_nothing(local_ray: None
         again = run_workload_sync(work.model_copy(update={"seed": 1}), base_url=up["base_url"], model="tiny",
                                   tokenizer_path=str(Path(model_dir) / "tokenizer.json"))
         assert all(r.status == "ok" for r in again.records) and again.records
+
+        # The H200 questions' workload on this stack: recorded sessions of real text through the chat endpoint,
+        # half the turns constrained to the shipped tools' argument schemas (response_format), as `vllm serve` gets it.
+        chat = RecordedWorkload(name="rec", path=DATA / "recorded_sessions.jsonl", mode="live", concurrency=2,
+                                gaps="drop", output_tokens="fixed", fixed_output_tokens=16, max_duration_s=300,
+                                request_timeout_s=120, structured_output=StructuredOutput(fraction=0.5))
+        rec = run_workload_sync(chat, base_url=up["base_url"], model="tiny",
+                                tokenizer_path=str(Path(model_dir) / "tokenizer.json"))
+        assert len(rec.records) == 5 and all(r.status == "ok" for r in rec.records), [r.error for r in rec.records]
+        schemas = {r.request_id: r.response_schema for r in rec.records}
+        assert None in schemas.values() and {v for v in schemas.values() if v} <= {"bash", "str_replace_editor",
+               "read_file", "grep", "list_dir", "run_tests", "web_fetch", "think", "finish"}, schemas
+        assert all(r.completion_tokens == 16 for r in rec.records if r.response_schema is None)
+        assert all(1 <= r.completion_tokens <= 16 and r.first_token_ns is not None for r in rec.records)
     finally:
         report = ray.get(holder.stop.remote())
         ray.kill(holder)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload
+from ..structured import constrain
 from ..text import TextFactory
 from ..trace import Session
 from ._common import TraceError, WorkloadInputError
@@ -77,11 +78,12 @@ def load_sessions(spec: AgenticWorkload | MooncakeWorkload | AzureWorkload | Rec
                   text_factory: TextFactory | None = None) -> list[Session]:
     """Sessions for ``spec``, by its kind's loader.
 
+    Turns chosen for structured output (``spec.structured_output``) carry their tool's response format.
     ``text_factory`` is accepted for loaders that must check text against the model's
     tokenizer; the current ones emit token plans and do not need it.
     """
     del text_factory  # see docstring
-    return kind_of(spec).load(spec)
+    return constrain(kind_of(spec).load(spec), spec.structured_output, spec.seed)
 
 
 __all__ = ["KINDS", "TraceError", "WorkloadInputError", "WorkloadKind", "generate_agentic", "in_flight", "kind_of",

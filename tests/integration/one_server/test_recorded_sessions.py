@@ -1,4 +1,5 @@
-"""Recorded agent sessions replayed through a real vLLM-CPU replica's chat endpoint.
+"""Recorded agent sessions replayed through a real vLLM-CPU replica's chat endpoint, as free text and with
+structured output (answers constrained to tools' argument schemas).
 
 The folder's shared replica of the tiny-llama shape (Qwen3 tokenizer and its shipped chat template;
 conftest.py), its prefix cache reset before each test; both modes replay ``data/recorded_sessions.jsonl``, whose ``input_tokens`` were
@@ -9,6 +10,8 @@ equal the recorded ones. Live mode must put the server's own answers into later 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ from workloads.metrics import summarize
 from workloads.protocols import Request
 from workloads.records import RequestRecord
 from workloads.run_workload import strategy_for
-from workloads.spec import RecordedWorkload
+from workloads.spec import RecordedWorkload, StructuredOutput
+from workloads.structured import shipped_tools
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -104,3 +108,31 @@ def test_live_mode_history_holds_the_servers_answers(replica: VllmReplica) -> No
     print(f"live mode: server vs recorded prompt tokens "
           f"{[(r.prompt_tokens, r.recorded_prompt_tokens) for r in records]}; ratio mean {ratio:.4f}")
     assert 0.5 < ratio < 2.0
+
+
+def test_structured_output_answers_are_their_tools_arguments_and_free_turns_keep_their_length(
+        replica: VllmReplica) -> None:
+    # Half the turns (seeded) constrained to one of the shipped coding-agent tools: live mode, so each constrained
+    # answer is what the server's grammar allowed, and later prompts carry it.
+    spec = _spec("live").model_copy(update={"structured_output": StructuredOutput(fraction=0.5),
+                                            "output_tokens": "fixed", "fixed_output_tokens": 24})
+    result, keep = _replay(replica.base_url, spec)
+    records = {r.request_id: r for r in result.records}
+    assert len(records) == 5 and all(r.status == "ok" for r in records.values()), [r.error for r in records.values()]
+    tools = {t.name: t for t in shipped_tools("coding-agent")}
+    constrained = [(req, answer) for req, answer in keep.sent if req.response_format is not None]
+    free = [(req, answer) for req, answer in keep.sent if req.response_format is None]
+    assert constrained and free  # seed 0 draws both
+    for req, answer in constrained:
+        record = records[req.request_id]
+        assert record.response_schema == req.response_format.name
+        assert json.loads(req.response_format.json)["json_schema"]["strict"] is True
+        # The answer opens the tool's argument object with one of its properties (dummy weights: what follows
+        # is any text the grammar allows, up to max_tokens); free text from the same model never does.
+        first_key = re.match(r'\s*\{\s*"([^"]*)"', answer)
+        assert first_key and first_key.group(1) in tools[record.response_schema].parameters["properties"], answer[:80]
+        assert 1 <= record.completion_tokens <= 24  # a cap only: no min_tokens with a grammar
+    for req, answer in free:
+        assert records[req.request_id].response_schema is None and records[req.request_id].completion_tokens == 24
+        assert not re.match(r'\s*\{\s*"', answer)
+    print("structured:", [(req.request_id, req.response_format.name, answer[:40]) for req, answer in constrained])

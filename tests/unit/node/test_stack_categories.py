@@ -62,6 +62,18 @@ CASES: list[tuple[tuple[str, ...], str]] = [
                "GPUModelRunner.prepare_inputs (vllm/v1/worker/gpu/model_runner.py:700)",
                "RequestState.apply_staged_writes (vllm/v1/worker/gpu/states.py:119)",
                "async_tensor_h2d (vllm/utils/torch_utils.py:584)"), "input_prep"),
+    # Structured output (vLLM 0.32): a grammar compiled in the engine core's pool thread, the bitmask of a
+    # decode step filled under the scheduler, and a request's schema checked in the API server.
+    (BOOT + ("_worker (concurrent/futures/thread.py:83)", "_WorkItem.run (concurrent/futures/thread.py:58)",
+             "StructuredOutputManager._create_grammar (vllm/v1/structured_output/__init__.py:200)",
+             "XgrammarBackend.compile_grammar (vllm/v1/structured_output/backend_xgrammar.py:90)",
+             "GrammarCompiler.compile_json_schema (xgrammar/compiler.py:120)"), "structured_output"),
+    (ENGINE + ("Scheduler.get_grammar_bitmask (vllm/v1/core/sched/scheduler.py:2012)",
+               "StructuredOutputManager.grammar_bitmask (vllm/v1/structured_output/__init__.py:300)",
+               "XgrammarGrammar.fill_bitmask (vllm/v1/structured_output/backend_xgrammar.py:180)"), "structured_output"),
+    (API_LOOP + ("InputProcessor.process_inputs (vllm/v1/engine/input_processor.py:400)",
+                 "validate_xgrammar_grammar (vllm/v1/structured_output/backend_xgrammar.py:260)",
+                 "TokenizerInfo.from_huggingface (xgrammar/tokenizer_info.py:200)"), "structured_output"),
     (("epoll_wait (libc.so.6)",), "idle"),
     (("<module> (job.py:1)", "compute (job.py:5)"), "other"),
     ((), "other"),

@@ -247,3 +247,16 @@ def test_committed_sweeps_keep_their_repeats():
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
         spec = load_spec(path)
         assert spec.repeats_given, f"{path.name} leaves repeats out"
+
+
+def test_structured_output_is_part_of_the_trial_and_refuses_the_bench_reference():
+    w = {"name": "w", "kind": "agentic", "sessions": 2, "turns": 2}
+    free = expand(parse_spec(base(workloads=[w]))).trials
+    both = expand(parse_spec(base(workloads=[w, {**w, "name": "w-json", "structured_output": {}}]))).trials
+    assert {t.trial_id for t in free} < {t.trial_id for t in both} and len(both) == 2 * len(free)
+    parse_spec(base(workloads=[{**w, "structured_output": {}}], protocol={"crosscheck": True}))  # the bare client
+    with pytest.raises(SpecError, match=r"'vllm-bench' cannot send the response_format of workloads \['w'\]"):
+        parse_spec(base(workloads=[{**w, "structured_output": {"fraction": 0.5}}],
+                        protocol={"crosscheck": "auto", "crosscheck_clients": ["bare", "vllm-bench"]}), "x.yaml")
+    with pytest.raises(SpecError, match="workloads.0.structured_output.tools"):
+        parse_spec(base(workloads=[{**w, "structured_output": {"tools": "nope"}}]), "x.yaml")

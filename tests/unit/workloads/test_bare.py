@@ -15,7 +15,8 @@ import pytest
 from workloads.bare import BareClient, crosscheck_ratio, parse_cpus, percentile
 from workloads.loaders import generate_agentic, load_sessions
 from workloads.run_workload import run_workload_sync
-from workloads.spec import AgenticWorkload, MooncakeWorkload, RecordedWorkload, TokenRange
+from workloads.records import frame_to_records, records_to_frame
+from workloads.spec import AgenticWorkload, MooncakeWorkload, RecordedWorkload, StructuredOutput, TokenRange, ToolSchema
 from workloads.text import bundled_tokenizer_path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -249,3 +250,28 @@ def test_a_factory_that_refuses_the_style_is_never_replaced_by_the_default(monke
     with pytest.raises(TypeError, match="style"):
         prepare(SPEC.model_copy(update={"text_style": "code"}), str(bundled_tokenizer_path("qwen3")))
     assert made == []
+
+
+_TOOLS = (ToolSchema(name="bash", parameters={"type": "object", "properties": {"command": {"type": "string"}}}),
+          ToolSchema(name="finish", parameters={"type": "object", "properties": {"message": {"type": "string"}}}))
+
+
+def test_the_harness_and_the_bare_client_send_the_same_formats_and_records_keep_the_schema(
+        sse_server, tmp_path: Path) -> None:
+    spec = SPEC.model_copy(update={"sessions": 4, "turns": 3,
+                                      "structured_output": StructuredOutput(tools=_TOOLS, fraction=0.5)})
+    run = run_workload_sync(spec, base_url=sse_server.base_url, model="ok",
+                            tokenizer_path=str(bundled_tokenizer_path("qwen3")))
+    planned = {f"{s.session_id}:{k}": (t.response_format.name if t.response_format else None)
+               for s in load_sessions(spec) for k, t in enumerate(s.turns)}
+    assert {r.request_id: r.response_schema for r in run.records} == planned
+    assert {None, "bash", "finish"} >= set(planned.values()) and len(set(planned.values())) >= 2
+    harness = {json.dumps(b.get("response_format"), sort_keys=True) for b in sse_server.behaviour.seen}
+    forced = [b for b in sse_server.behaviour.seen if "response_format" not in b]
+    assert all(b["min_tokens"] == b["max_tokens"] and b["ignore_eos"] for b in forced)
+    sse_server.behaviour.seen.clear()
+    proc, rows = run_bare(tmp_path, sse_server.base_url, spec.model_dump_json())
+    assert proc.returncode == 0, proc.stderr
+    assert {json.dumps(b.get("response_format"), sort_keys=True) for b in sse_server.behaviour.seen} == harness
+    back = frame_to_records(records_to_frame(run.records))
+    assert [r.response_schema for r in back] == [r.response_schema for r in run.records]
