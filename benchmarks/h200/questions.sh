@@ -14,7 +14,8 @@ python3 -m orchestrator.cli plan sweeps/h200-structured-output.yaml | tail -2
 setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm --format=csv,noheader,nounits -lms 500 \
   > /tmp/nvml.log 2>&1 < /dev/null &
 echo $! > /tmp/nvml.pid
-setsid nohup bash -c 'for s in h200-structured-output h200-serve-vs-vllm h200-api-servers; do
+export SWEEPS=${SWEEPS:-h200-structured-output h200-serve-vs-vllm h200-api-servers}
+setsid nohup bash -c 'for s in $SWEEPS; do
     python3 -m orchestrator.cli run sweeps/$s.yaml; rc=$?; echo "=== $s done $(date +%T) rc=$rc"; done
   kill $(cat /tmp/nvml.pid)' orchestrator.cli run > /tmp/sweep.log 2>&1 < /dev/null &
 echo "started: pid $!"
