@@ -1,6 +1,6 @@
 """Gather a finished sweep's per-request records and per-window figures from an orchestrator home, for
 ``benchmarks/results/``: every trial's ``records.parquet`` (MLflow artifacts) with the trial's axes added
-(``trial_id``, ``cores``, ``repeat``, ``restriction``, ``api_servers``, and a search's ``search_step`` and
+(``trial_id``, ``cores``, ``repeat``, ``restriction``, ``api_servers``, ``workload``, ``stack``, and a search's ``search_step`` and
 ``search_reason``), and one row per window of the trial's logged metrics that the H200 notes quote.
 
 Usage: ``python benchmarks/h200_records.py HOME SWEEP OUT_DIR`` writes ``OUT_DIR/SWEEP-records.parquet`` and
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pandas as pd
 
-AXES = ("trial_id", "cores", "repeat", "restriction", "api_servers", "search_step", "search_reason")
+AXES = ("trial_id", "cores", "repeat", "restriction", "api_servers", "workload", "stack", "search_step", "search_reason")
 WINDOW_METRICS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "num_records", "window_span_s", "startup_s",
                   "replica_cpu_util_mean", "replica_tree_cpu_s", "cpu_s_api_server", "cpu_s_engine_core",
                   "cpu_s_gpu_worker", "runq_wait_s_api_server", "runq_wait_s_engine_core", "api_server_threads",
                   "engine_core_threads", "cgroup_periods", "cgroup_throttled_periods", "cgroup_throttled_frac",
-                  "cgroup_throttled_s", "gpu0_util_mean")
+                  "cgroup_throttled_s", "gpu0_util_mean", "completion_tokens_mean")
+# Stack categories (telemetry.stacks): CPU-s per request of each role in each category, every one the window logged.
+CATEGORY_PREFIX = "cpu_s_per_req_"
 
 
 def gather(home: Path, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -32,7 +34,9 @@ def gather(home: Path, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         params, metrics = r.get("params", {}), r.get("metrics", {})
         axes = {"trial_id": r["trial_id"], **{k: params.get(k) for k in AXES[1:]}}
         axes["cores"], axes["repeat"] = int(axes["cores"]), int(axes["repeat"])
-        windows.append({**axes, **{k: metrics.get(k) for k in WINDOW_METRICS}, "started_at": r.get("started_at")})
+        categories = {k: v for k, v in metrics.items() if k.startswith(CATEGORY_PREFIX) and "." in k}
+        windows.append({**axes, **{k: metrics.get(k) for k in WINDOW_METRICS}, **categories,
+                        "started_at": r.get("started_at")})
         path = result.with_name("records.parquet")
         if path.is_file():
             d = pd.read_parquet(path)

@@ -1,12 +1,13 @@
-"""Ratios of mean TTFT between two settings of one axis, per core count, with a 90% bootstrap interval, from
+"""Ratios of a mean per-request figure (TTFT by default; ``--metric tpot`` or ``e2e``) between two settings of one axis, per core count, with a 90% bootstrap interval, from
 a committed sweep's per-request records (``benchmarks/h200_records.py``).
 
 The interval resamples each cell's windows, then each drawn window's requests (as the report's knee
 interval does), and takes the ratio of the two cells' pooled means; one window in a cell leaves the
 window-to-window noise out, which the output says. Also the ratio against the same setting's most cores.
 
-Usage: ``python benchmarks/question_ratios.py RECORDS.parquet AXIS BASE OTHER [--draws N]``, e.g.
-``... h200-quota-vs-cpuset-records.parquet restriction cpuset quota``.
+Usage: ``python benchmarks/question_ratios.py RECORDS.parquet AXIS BASE OTHER [--metric M] [--draws N]``, e.g.
+``... h200-quota-vs-cpuset-records.parquet restriction cpuset quota``. Metrics, over ok requests: ``ttft`` (first
+token - send), ``e2e`` (end - send), ``tpot`` ((end - first token) / (completion tokens - 1)).
 """
 
 from __future__ import annotations
@@ -19,8 +20,21 @@ import pandas as pd
 from orchestrator.observe.report.tables import ttft_values
 
 
-def windows(d: pd.DataFrame) -> list[np.ndarray]:
-    return [ttft_values(g) for _, g in d.groupby("trial_id")]
+def e2e_values(d: pd.DataFrame) -> np.ndarray:
+    ok = d[d["status"] == "ok"]
+    return ((ok["end_ns"] - ok["sent_ns"]) / 1e9).to_numpy(dtype=float)
+
+
+def tpot_values(d: pd.DataFrame) -> np.ndarray:
+    ok = d[(d["status"] == "ok") & (d["completion_tokens"] > 1) & d["first_token_ns"].notna()]
+    return ((ok["end_ns"] - ok["first_token_ns"]) / 1e9 / (ok["completion_tokens"] - 1)).to_numpy(dtype=float)
+
+
+METRICS = {"ttft": ttft_values, "e2e": e2e_values, "tpot": tpot_values}
+
+
+def windows(d: pd.DataFrame, metric: str = "ttft") -> list[np.ndarray]:
+    return [METRICS[metric](g) for _, g in d.groupby("trial_id")]
 
 
 def draw(ws: list[np.ndarray], rng: np.random.Generator) -> float:
@@ -42,14 +56,16 @@ def main() -> None:
     p.add_argument("axis")
     p.add_argument("base")
     p.add_argument("other")
+    p.add_argument("--metric", choices=sorted(METRICS), default="ttft")
     p.add_argument("--draws", type=int, default=2000)
     a = p.parse_args()
     d = pd.read_parquet(a.records)
     d[a.axis] = d[a.axis].astype(str)
     rng = np.random.default_rng(0)
     top = int(d["cores"].max())
-    cells = {(str(v), int(c)): windows(g) for (v, c), g in d.groupby([a.axis, "cores"])}
-    print(f"| cores | {a.base}: mean TTFT ms | {a.other}: mean TTFT ms | {a.other} / {a.base} (90%) "
+    cells = {(str(v), int(c)): windows(g, a.metric) for (v, c), g in d.groupby([a.axis, "cores"])}
+    name = a.metric.upper()
+    print(f"| cores | {a.base}: mean {name} ms | {a.other}: mean {name} ms | {a.other} / {a.base} (90%) "
           f"| {a.base}: / its {top} cores | {a.other}: / its {top} cores |")
     print("|---|---|---|---|---|---|")
     for c in sorted({c for _, c in cells}):
