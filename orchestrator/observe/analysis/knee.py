@@ -168,4 +168,12 @@ def estimate_knee(windows: Mapping[int, Sequence[ArrayLike]], *, stat: str = "me
         n_boot=n_boot, window_figures=tuple((c, f(w)) for c, ws in data.items() for w in ws))
 
 
-__all__ = ["LEVEL", "N_BOOT", "STATISTICS", "KneeEstimate", "estimate_knee", "knee_of", "monotone_fit", "statistic"]
+def decode_needs_more(ttft: KneeEstimate, tpot: KneeEstimate | None) -> bool:
+    """Whether the knee of the time per output token lies above TTFT's beyond its interval: its whole interval
+    is above TTFT's knee, so the fewest cores for both is TPOT's knee, not TTFT's."""
+    return (tpot is not None and ttft.knee is not None and tpot.knee is not None and tpot.low is not None
+            and tpot.low > ttft.knee)
+
+
+__all__ = ["LEVEL", "N_BOOT", "STATISTICS", "KneeEstimate", "decode_needs_more", "estimate_knee", "knee_of",
+           "monotone_fit", "statistic"]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
+from orchestrator.observe.analysis.knee import decode_needs_more
 from orchestrator.observe.report.comparison import TIMEOUT_MAJORITY
 from orchestrator.observe.report.sections import Extras
 from orchestrator.observe.report.tables import ReportOptions, Slo
@@ -50,6 +51,7 @@ class Section:
     plots: Mapping[str, str] = field(default_factory=dict)  # name -> path relative to the page
     costs: pd.DataFrame | None = None
     knee_estimate: Any = None  # orchestrator.observe.analysis.knee.KneeEstimate
+    tpot_knee_estimate: Any = None  # the same rule on the time per output token
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,22 @@ def knee_paragraph(k: Any) -> str:
             f"and p90; the knee above it is p50's rule on the medians of repeats.</p>")
 
 
+def decode_paragraph(ttft: Any, tpot: Any) -> str:
+    """The knee of the time per output token beside TTFT's; said first and plainly where decode needs more cores."""
+    if tpot is None or tpot.knee is None:
+        return ""
+    if not decode_needs_more(ttft, tpot):
+        return (f"<p class='knee muted'>Knee of the time per output token, by the same rule: {_e(tpot.sentence())}; "
+                f"decode needs no more cores than the first token.</p>")
+    at = dict(zip(tpot.cores, tpot.figures))
+    slow = f"{_ms_text(at[ttft.knee])} ms a token at {_cores(ttft.knee)} against {_ms_text(at[tpot.knee])} ms at " \
+           f"{_cores(tpot.knee)}" if ttft.knee in at and tpot.knee in at else ""
+    return (f"<p class='knee'><b>Decode needs more cores than the first token: the knee of the time per output "
+            f"token is {_e(tpot.sentence())}</b>{' (' + _e(slow) + ')' if slow else ''}. The fewest cores that keep "
+            f"both TTFT and decode within {tpot.tolerance:.0%} of their best is {_cores(tpot.knee)}, not "
+            f"{_cores(ttft.knee)}. Seen with structured output, whose token masks run on the CPU at every step.</p>")
+
+
 def _ms_text(v: float) -> str:
     return f"{1000 * v:.0f}" if abs(v) >= 0.0095 else f"{1000 * v:.1f}"
 
@@ -376,6 +394,7 @@ def _section(s: Section, opts: ReportOptions) -> str:
                + (f"<p class='muted'>{_e(detail)}</p>" if detail else "") + "</div>")
     if s.knee_estimate is not None:
         out.append(knee_paragraph(s.knee_estimate))
+        out.append(decode_paragraph(s.knee_estimate, s.tpot_knee_estimate))
     out.append(_rows_table(s.rows, opts.slo))
     for name, alt in (("ttft", "TTFT against cores"), ("knee", "the knee: every window, the fit and the interval"),
                       ("side", "timeouts, utilisation and frontend share"), ("goodput", "goodput against cores")):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -93,6 +93,14 @@ def ttft_values(records: pd.DataFrame) -> np.ndarray:
     ``workloads.metrics.ttft_s``)."""
     ok = records[(records["status"] == "ok") & records["first_token_ns"].notna()]
     return ((ok["first_token_ns"].astype("int64") - ok["sent_ns"].astype("int64")) / 1e9).to_numpy(np.float64)
+
+
+def tpot_values(records: pd.DataFrame) -> np.ndarray:
+    """Time per output token after the first, in seconds, of ok requests with two tokens or more:
+    ``(end_ns - first_token_ns) / (completion_tokens - 1) / 1e9`` (as ``workloads.metrics.tpot_s``)."""
+    ok = records[(records["status"] == "ok") & records["first_token_ns"].notna() & (records["completion_tokens"] > 1)]
+    gen = ok["end_ns"].astype("int64") - ok["first_token_ns"].astype("int64")
+    return (gen / (ok["completion_tokens"].astype("int64") - 1) / 1e9).to_numpy(np.float64)
 
 
 def _window_ttfts(trial_ids: Sequence[str], records: Mapping[str, pd.DataFrame]) -> list[np.ndarray]:
@@ -183,11 +191,11 @@ def aggregated_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], 
     return pd.concat([table.reset_index(drop=True), pd.DataFrame(out)], axis=1)
 
 
-def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame],
-                 per_trial: pd.DataFrame) -> dict[int, list[np.ndarray]]:
+def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame], per_trial: pd.DataFrame,
+                 values: Callable[[pd.DataFrame], np.ndarray] = ttft_values) -> dict[int, list[np.ndarray]]:
     """One configuration's windows for :func:`orchestrator.observe.analysis.knee.estimate_knee`: per core
     count that counts for the knee (a TTFT p50, most requests answered: ``report.comparison``'s rule), the
-    ok requests' TTFTs of each completed trial with records."""
+    ok requests' figures (``values``: TTFTs, or :func:`tpot_values`) of each completed trial with records."""
     status = per_trial.set_index("trial_id")["status"] if len(per_trial) else pd.Series(dtype=object)
     out: dict[int, list[np.ndarray]] = {}
     for _, row in rows.iterrows():
@@ -195,7 +203,7 @@ def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame],
         if pd.isna(row.get("ttft_p50_s")) or (pd.notna(rate) and rate > TIMEOUT_MAJORITY):
             continue
         done = [t for t in str(row["trials"]).split(",") if status.get(t) == "COMPLETED"]
-        windows = [v for v in _window_ttfts(done, records) if len(v)]
+        windows = [v for v in (values(records[t]) for t in done if t in records) if len(v)]
         if windows:
             out[int(row["cores"])] = windows
     return out
@@ -247,4 +255,4 @@ def heatmap_table(table: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = ["CI_COLUMNS", "QUANTILES", "RECORD_COLUMNS", "SIDE_FIGURES", "ReportOptions", "Slo", "aggregated_table",
            "config_labels", "configurations", "heatmap_table", "knee", "merge_slo", "slo_goodput", "trial_table",
-           "ttft_values"]
+           "tpot_values", "ttft_values"]

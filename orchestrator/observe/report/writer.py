@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.observe import stats
-from orchestrator.observe.analysis.knee import estimate_knee
+from orchestrator.observe.analysis.knee import decode_needs_more, estimate_knee
 from orchestrator.observe.report import plots, search
 from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
 from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
@@ -40,7 +40,8 @@ from orchestrator.observe.report.html import Page, Section, render
 from orchestrator.observe.time_use import describe_time_use
 from orchestrator.values.sweep_spec import SweepSpec
 from orchestrator.observe.report.tables import (ReportOptions, aggregated_table, config_labels, configurations,
-                                                heatmap_table, knee, knee_windows, merge_slo, trial_table)
+                                                heatmap_table, knee, knee_windows, merge_slo, tpot_values,
+                                                trial_table)
 
 log = logging.getLogger(__name__)
 CSVS = {"aggregated": "aggregated.csv", "trials": "trials.csv", "heatmap": "heatmap.csv",
@@ -59,12 +60,18 @@ class ReportFiles:
     plots: list[Path]
     table: pd.DataFrame
     opts: ReportOptions
-    knees: tuple[tuple[str, Any], ...] = ()  # (configuration, KneeEstimate), as on the page
+    knees: tuple[tuple[str, Any, Any], ...] = ()  # (configuration, TTFT's and TPOT's KneeEstimate), as on the page
 
     def knee_lines(self) -> list[str]:
-        """One line per configuration for the terminal: its knee with its interval."""
-        return [f"knee with its interval ({k.statistic} TTFT of every window), {label}: {k.sentence()}"
-                for label, k in self.knees]
+        """One line per configuration for the terminal: its knee with its interval, and a second where the
+        time per output token needs more cores than TTFT."""
+        out = []
+        for label, k, decode in self.knees:
+            out.append(f"knee with its interval ({k.statistic} TTFT of every window), {label}: {k.sentence()}")
+            if decode_needs_more(k, decode):
+                out.append(f"  decode needs more: knee of the {decode.statistic} time per output token, {label}: "
+                           f"{decode.sentence()}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,18 @@ class Published:
 
 
 def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts: ReportOptions,
-             plot_dir: Path, table: pd.DataFrame, windows: dict[int, Any]) -> tuple[Section, list[Path]]:
+             plot_dir: Path, table: pd.DataFrame, windows: dict[int, Any],
+             tpot_windows: dict[int, Any] | None = None) -> tuple[Section, list[Path]]:
     anchor = f"config-{i + 1}"
     extras = extras_for(rows, opts, table)
     observed = knee(rows)
+    at = "|".join(map(str, key))
     interval = estimate_knee(windows, stat=opts.knee_statistic, tolerance=opts.tolerance, level=opts.knee_level,
-                             n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "knee|" + "|".join(map(str, key))))
+                             n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "knee|" + at))
+    # The same rule on the time per output token: decode can need more cores than the first token does
+    # (structured output on the H200: TPOT 4.3x at 2 cores, TTFT 1.2x; benchmarks/results/h200/questions-2).
+    decode = estimate_knee(tpot_windows or {}, stat=opts.knee_statistic, tolerance=opts.tolerance,
+                           level=opts.knee_level, n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "tpot|" + at))
     written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
                                predicted=extras.predicted),
                plots.side_plot(rows, plot_dir / f"{anchor}-side.png", title=label),
@@ -98,18 +111,18 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
         bill = costs(rows, core_hour_usd=prices[0], gpu_hour_usd=prices[1])
         bill = bill.reindex(columns=[c for c in _COST_COLUMNS if c in bill])
     section = Section(anchor=anchor, label=label, factors=dict(zip(CONFIG, key)), rows=rows, knee=observed,
-                      extras=extras, plots=names, costs=bill, knee_estimate=interval)
+                      extras=extras, plots=names, costs=bill, knee_estimate=interval, tpot_knee_estimate=decode)
     return section, written
 
 
-KNEE_COLUMNS = ["configuration", "knee", "low", "high", "level", "settled", "statistic", "tolerance", "cores",
+KNEE_COLUMNS = ["configuration", "metric", "knee", "low", "high", "level", "settled", "statistic", "tolerance", "cores",
                 "figures_s", "fitted_s", "windows", "requests", "shares", "sentence"]
 
 
-def _knee_record(s: Section) -> dict[str, Any]:
-    k = s.knee_estimate
+def _knee_record(s: Section, metric: str = "ttft") -> dict[str, Any]:
+    k = s.knee_estimate if metric == "ttft" else s.tpot_knee_estimate
     join = lambda xs, fmt="{}": " ".join(fmt.format(x) for x in xs)  # noqa: E731
-    return {"configuration": s.label, "knee": k.knee, "low": k.low, "high": k.high, "level": k.level,
+    return {"configuration": s.label, "metric": metric, "knee": k.knee, "low": k.low, "high": k.high, "level": k.level,
             "settled": k.settled, "statistic": k.statistic, "tolerance": k.tolerance, "cores": join(k.cores),
             "figures_s": join(k.figures, "{:.4f}"), "fitted_s": join(k.fitted, "{:.4f}"), "windows": join(k.windows),
             "requests": join(k.requests), "shares": join(f"{c}:{v:.3f}" for c, v in k.shares.items()),
@@ -148,10 +161,12 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     sections, written = [], []
     for i, (key, rows) in enumerate(configurations(table)):
         section, files = _section(i, key, rows, labels[key], opts, plot_dir, table,
-                                  knee_windows(rows, data.records, per_trial))
+                                  knee_windows(rows, data.records, per_trial),
+                                  knee_windows(rows, data.records, per_trial, tpot_values))
         sections.append(section)
         written += files
-    pd.DataFrame([_knee_record(s) for s in sections], columns=KNEE_COLUMNS).to_csv(csvs["knee"], index=False)
+    knees = [_knee_record(s, m) for m in ("ttft", "tpot") for s in sections]  # TTFT's rows first
+    pd.DataFrame(knees, columns=KNEE_COLUMNS).to_csv(csvs["knee"], index=False)
     why = search.why_table(per_trial, labels)
     spent = search.cost_table(why)
     searched = {"search": out_dir / "search.csv", "search cost": out_dir / "search_cost.csv"}
@@ -176,7 +191,7 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
     index = out_dir / "index.html"
     index.write_text(render(page), encoding="utf-8")
     return ReportFiles(folder=out_dir, index=index, csvs=csvs, plots=written, table=table, opts=opts,
-                       knees=tuple((s.label, s.knee_estimate) for s in sections))
+                       knees=tuple((s.label, s.knee_estimate, s.tpot_knee_estimate) for s in sections))
 
 
 def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path, offline: str = "no MLflow tracking URI") -> SweepData:

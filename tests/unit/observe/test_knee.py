@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -93,3 +95,20 @@ def test_the_fit_never_rises_with_cores_and_keeps_a_monotone_curve():
         assert np.all(np.diff(fit) <= 1e-12)
     y = np.array([1.0, 0.8, 0.6, 0.5])
     assert monotone_fit(y, [1, 1, 1, 1]) == pytest.approx(y)
+
+
+def test_decode_needs_more_only_when_tpots_whole_interval_lies_above_ttfts_knee():
+    from orchestrator.observe.analysis.knee import decode_needs_more
+    from orchestrator.observe.report.html import decode_paragraph
+
+    ttft = estimate_knee(_windows({1: 0.70, 2: 0.43, 12: 0.41}), n_boot=300)  # H200 structured output, in seconds
+    slow = estimate_knee(_windows({1: 0.115, 2: 0.057, 12: 0.013}, sd=0.1), n_boot=300)
+    flat = estimate_knee(_windows({1: 0.015, 2: 0.013, 12: 0.013}, sd=0.1), n_boot=300)
+    assert (ttft.knee, slow.knee, slow.low, flat.knee) == (2, 12, 12, 2)
+    assert decode_needs_more(ttft, slow) and not decode_needs_more(ttft, flat) and not decode_needs_more(ttft, None)
+    said = decode_paragraph(ttft, slow)
+    assert "Decode needs more cores than the first token" in said and "57 ms a token at 2 cores" in said
+    assert "is 12 cores, not 2 cores" in said
+    assert "decode needs no more cores" in decode_paragraph(ttft, flat)
+    # A TPOT knee above TTFT's only by noise (its interval reaches down to TTFT's knee) says nothing more.
+    assert not decode_needs_more(ttft, dataclasses.replace(slow, low=2, settled=False))

@@ -195,7 +195,8 @@ def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path)
     windows then requests), its interval and whether it is settled; a core count where most requests time
     out does not count, as for the table's knee."""
     files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=200))
-    knees = pd.read_csv(files.csvs["knee"]).set_index("configuration")
+    knees = pd.read_csv(files.csvs["knee"])
+    knees = knees[knees["metric"] == "ttft"].set_index("configuration")
     assert sorted(knees.index) == ["m chat", "m code"]
     code = knees.loc["m code"]
     assert code["cores"].split() == ["2", "4", "8"]  # 1 core: most requests time out
@@ -206,3 +207,16 @@ def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path)
         assert sum(float(s.split(":")[1]) for s in k["shares"].split()) == pytest.approx(1.0)
         assert f"Knee with its interval: {k['sentence']}" in files.index.read_text()
     assert "Why the mean" in files.index.read_text()
+
+
+def test_knee_csv_holds_ttfts_then_tpots_knee_per_configuration(sweep, tmp_path: Path):
+    files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=100))
+    knees = pd.read_csv(files.csvs["knee"])
+    assert list(knees["metric"]) == ["ttft", "ttft", "tpot", "tpot"]
+    tpot = knees[knees["metric"] == "tpot"].set_index("configuration")
+    # Every token of the synthetic records comes 20 ms after the last: decode is flat, its knee the fewest cores.
+    assert [float(x) for x in tpot.loc["m chat", "figures_s"].split()] == pytest.approx([0.02] * 3, rel=1e-6)
+    assert tpot.loc["m chat", "knee"] == 2 and tpot.loc["m code", "knee"] == 2
+    page = files.index.read_text()
+    assert page.count("decode needs no more cores than the first token") == 2
+    assert "Decode needs more cores" not in page
