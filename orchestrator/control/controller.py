@@ -3,7 +3,7 @@
 It imports no Ray: the executor is injected (anything with ``execute(trial) -> TrialResult``),
 and so are the observers. Retry policy lives here and only here: a retryable failure (node
 lost, server died, startup timeout) is run again up to ``max_failures`` times; a config error
-never is.
+never is, and in a repin chain it fails the chain's later trials with it, none of them started.
 
 **Concurrency.** The plan is cut into *chains* (:func:`orchestrator.plan.expand.chains`): trials that
 must run one after another on one replica (a repin group, the windows of a shared start) form
@@ -295,8 +295,8 @@ class SweepController:
                 lanes = self._lanes(todo, len(groups))
                 self.lanes_used = lanes
                 if lanes <= 1:
-                    for spec in todo:
-                        results.append(self._run_one(self.trials[spec.trial_id], spec, self.executor))
+                    for chain in groups:  # the plan's order: chains are consecutive runs of it
+                        self._run_chain(chain, self.executor, results.append)
                 else:
                     self._run_lanes(groups, lanes, results)
             except KeyboardInterrupt:
@@ -369,12 +369,13 @@ class SweepController:
                             if not queue:
                                 return
                             chain = queue.popleft()
-                        for spec in chain:
-                            if self._stop.is_set():
-                                return
-                            result = self._run_one(self.trials[spec.trial_id], spec, lane)
+
+                        def keep(result: TrialResult) -> None:
                             with take:
                                 results.append(result)
+
+                        if not self._run_chain(chain, lane, keep):
+                            return
                 finally:
                     close = getattr(lane, "close", None)
                     if close is not None:
@@ -435,6 +436,35 @@ class SweepController:
         self._end_plan = self.plan.model_copy(update={"trials": tuple(t for t in self.plan.trials if t.trial_id in ran)})
 
     # ------------------------------------------------------------------ one trial
+    def _run_chain(self, chain: list[TrialSpec], lane: Lane, keep: Callable[[TrialResult], None]) -> bool:
+        """Run one chain's trials in order on ``lane``, handing each result to ``keep``; False if the sweep was
+        stopped before its end. After a config error in a repin chain, its later trials fail with it unstarted."""
+        refused: TrialResult | None = None
+        for spec in chain:
+            if self._stop.is_set():
+                return False
+            trial = self.trials[spec.trial_id]
+            if refused is not None:
+                result = self._not_started(trial, spec, refused)
+            else:
+                result = self._run_one(trial, spec, lane)
+                if result.error_kind is ErrorKind.CONFIG and spec.start == "repin":
+                    refused = result
+            keep(result)
+        return True
+
+    def _not_started(self, trial: Trial, spec: TrialSpec, refused: TrialResult) -> TrialResult:
+        """A re-pinned replica's later trial after an earlier one failed as a config error: they differ only
+        in cores and repeat, so its start (or its workload) would be refused the same way. It fails with that
+        error, named, and starts nothing: on the H200 a Ray Serve stack that could not import vLLM was
+        otherwise started again for each of its trials, 30 s of a GPU each."""
+        result = TrialResult.failed(spec.trial_id, ErrorKind.CONFIG,
+                                    f"not started: trial {refused.trial_id} of the same re-pinned replica failed "
+                                    f"as a config error: {refused.message}")
+        trial.transition(TrialState.FAILED)
+        self._result(trial, spec, result)
+        return result
+
     def _run_one(self, trial: Trial, spec: TrialSpec, lane: Lane) -> TrialResult:
         while True:
             trial.transition(TrialState.RUNNING)

@@ -130,3 +130,30 @@ def test_state_machine_rejects_illegal_moves():
     assert t.done
     with pytest.raises(IllegalTransition):
         t.transition(TrialState.RUNNING)
+
+
+def test_a_config_error_in_a_repin_chain_fails_its_later_trials_unstarted_and_spares_other_chains():
+    p = expand(parse_spec({
+        "name": "t", "models": [{"name": "tiny", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": [1, 2, 3], "start": ["repin"], "stack": ["ray-serve", "vllm"]}, "repeats": 2,
+    }))
+
+    class Refuses(FakeExecutor):
+        def execute(self, trial, *, attempt=1):
+            if trial.server.stack == "ray-serve":
+                self.calls.append((trial.server.stack, trial.cores))
+                return TrialResult.failed(trial.trial_id, ErrorKind.CONFIG, "Ray Serve LLM refused the config")
+            return super().execute(trial, attempt=attempt)
+
+    ex = Refuses({})
+    results = {r.trial_id: r for r in SweepController(p, ex).run()}
+    serve = [t for t in p.trials if t.server.stack == "ray-serve"]
+    assert len(serve) == 6 and ex.calls.count(("ray-serve", 3)) == 1 and sum(isinstance(c, tuple) for c in ex.calls) == 1
+    first, *rest = serve
+    assert results[first.trial_id].message == "Ray Serve LLM refused the config"
+    for t in rest:
+        r = results[t.trial_id]
+        assert r.error_kind is ErrorKind.CONFIG and r.message.startswith(f"not started: trial {first.trial_id} ")
+        assert "Ray Serve LLM refused the config" in r.message
+    assert all(results[t.trial_id].ok for t in p.trials if t.server.stack == "vllm")
