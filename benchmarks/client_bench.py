@@ -61,8 +61,8 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from workloads import metrics  # noqa: E402
 from workloads.client import StreamingClient  # noqa: E402
-from workloads.loadgen import ClosedLoop, LoadGenerator, OpenLoop  # noqa: E402
 from workloads.loaders import generate_agentic  # noqa: E402
+from workloads.loadgen import ClosedLoop, LoadGenerator, OpenLoop  # noqa: E402
 from workloads.protocols import MonotonicClock  # noqa: E402
 from workloads.run_workload import diagnose, frozen_setup  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
@@ -186,7 +186,7 @@ class _Http(asyncio.Protocol):
         self.served.value += 1
 
 
-def _serve(core: int, port_queue: "mp.Queue[int]", served: "mp.Value",
+def _serve(core: int, port_queue: mp.Queue[int], served: mp.Value,
            paced: tuple[float, float, float, float] | None = None) -> None:
     os.sched_setaffinity(0, {core})
     _Http.served = served
@@ -323,7 +323,7 @@ def _run_tool(cmd: list[str], core: int, cwd: str) -> tuple[float, float, int, s
     return cpu, wall, proc.returncode, (proc.stdout + proc.stderr)[-600:]
 
 
-def compare(tools: list[str], url: str, served: "mp.Value", core: int, *, n: int, rate: float, out: int,
+def compare(tools: list[str], url: str, served: mp.Value, core: int, *, n: int, rate: float, out: int,
             prompt: int, benchenv: Path) -> None:
     print(f"\n## other clients, open loop {rate:.0f} req/s, {n} requests, pinned to core {core} "
           "(CPU of the whole process tree, start-up subtracted)")

@@ -21,6 +21,7 @@ run's processes, sampled mid-trial). Needs a quiet machine only for its timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import signal
@@ -37,8 +38,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from orchestrator.infra.net import non_loopback_listeners
 from orchestrator.infra.local_servers import tree
+from orchestrator.infra.net import non_loopback_listeners
 
 MARK = "FAULT_BENCH_RUN"
 
@@ -54,7 +55,7 @@ class Run:
     lines: list[str] = field(default_factory=list)
     seen: dict[int, psutil.Process] = field(default_factory=dict)
 
-    def start(self) -> "Run":
+    def start(self) -> Run:
         env = {**os.environ, "PYTHONPATH": str(self.repo), MARK: self.marker, "ORCH_HOME": str(self.home)}
         for k in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
             env.pop(k, None)
@@ -108,10 +109,8 @@ class Run:
     def end_leftovers(self) -> None:
         for p in list(self.seen.values()) + marked(self.marker):
             if _alive(p):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     p.kill()
-                except psutil.NoSuchProcess:
-                    pass
 
 
 def marked(marker: str) -> list[psutil.Process]:

@@ -32,10 +32,10 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -112,7 +112,7 @@ def one_window(grid: list[int], have: dict[int, int], est: KneeEstimate, max_win
     return None if d.reason is Reason.KNEE_NOISE else d.cores
 
 
-def search(replay: "Replay | Noiseless", allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
+def search(replay: Replay | Noiseless, allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
     windows: dict[int, list[np.ndarray]] = {}
     est = estimate_knee({}, n_boot=1)
     while (nxt := decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows)) is not None:

@@ -60,23 +60,24 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.node.attribution import RoleAccounting  # noqa: E402
 from orchestrator.node.cores import format_cpulist  # noqa: E402
 from orchestrator.node.gpu_profile import GpuProfileCapture, profiler_launch  # noqa: E402
+from orchestrator.node.hostfacts import vllm_version  # noqa: E402
+from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids  # noqa: E402
 from orchestrator.node.stacks import StackSampler, coverage, find_py_spy  # noqa: E402
-from orchestrator.plan.models import build_shape  # noqa: E402
-from orchestrator.values.trial import TrialSpec  # noqa: E402
-from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
-from orchestrator.node.hostfacts import vllm_version  # noqa: E402
-from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
 from orchestrator.node.telemetry import TelemetrySampler, open_gpu_reader, scrape  # noqa: E402
+from orchestrator.plan.models import build_shape  # noqa: E402
+from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.values.trial import TrialSpec  # noqa: E402
 from workloads import metrics, run_workload_sync  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402
 
@@ -101,7 +102,7 @@ class RolesProbe:
     def __init__(self, root: int) -> None:
         self.acc = RoleAccounting(root, lambda: tree_pids(root))
 
-    def start(self) -> "RolesProbe":
+    def start(self) -> RolesProbe:
         self.acc.start()
         return self
 
@@ -117,7 +118,7 @@ class StacksProbe:
         self.acc = RoleAccounting(root, lambda: tree_pids(root))
         self.sampler = StackSampler(root, rate_hz=rate_hz)
 
-    def start(self) -> "StacksProbe":
+    def start(self) -> StacksProbe:
         self.acc.start()
         self.sampler.start()
         return self
@@ -140,7 +141,7 @@ class GpuProfileProbe:
     def __init__(self, base_url: str, trace_dir: Path, seconds: float, delay_s: float) -> None:
         self.capture = GpuProfileCapture(base_url=base_url, trace_dir=trace_dir, seconds=seconds, delay_s=delay_s)
 
-    def start(self) -> "GpuProfileProbe":
+    def start(self) -> GpuProfileProbe:
         self.capture.start()
         return self
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from orchestrator.control.controller import SweepController
-from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.infra.local_servers import ray_cluster
+from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
 
 

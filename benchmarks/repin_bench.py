@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.node.cores import NodeTopology, format_cpulist, parse_cpulist  # noqa: E402
-from orchestrator.plan.models import build_shape  # noqa: E402
-from orchestrator.values.trial import TrialSpec  # noqa: E402
-from orchestrator.node.replica import VllmReplica, free_port
 from orchestrator.node.hostfacts import vllm_version  # noqa: E402
+from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.plan.models import build_shape  # noqa: E402
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.values.trial import TrialSpec  # noqa: E402
 from workloads.spec import AgenticWorkload  # noqa: E402
 
 PROMPT = " ".join(f"tool output line {i}: status ok, value {i * 7919 % 1000}." for i in range(120))

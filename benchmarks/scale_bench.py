@@ -20,8 +20,8 @@ the placement group becoming ready, the replica actor answering, the replica sta
 from __future__ import annotations
 
 import argparse
-import os
 import csv
+import os
 import statistics
 import tempfile
 import time
@@ -32,12 +32,12 @@ from ray.cluster_utils import Cluster
 
 from orchestrator.control.controller import SweepController
 from orchestrator.control.placement import ACCEL_LABEL
-from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.node.replica import SERVER_SCRIPT_ENV
 from orchestrator.infra.local_servers import free_port, mlflow_server, ray_on_loopback
-from orchestrator.plan.load import parse_spec
+from orchestrator.node.replica import SERVER_SCRIPT_ENV
 from orchestrator.observe.tracking import MlflowTracker
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import parse_spec
 
 
 def sweep(n_trials: int, window_s: float, startup_s: float, ttft_ms: float, tpot_ms: float):

@@ -36,19 +36,21 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.node.attribution import RoleAccounting, classify as vllm_roles, snapshot  # noqa: E402
-from orchestrator.node.replica import VllmReplica, free_port
+from orchestrator.node.attribution import RoleAccounting, snapshot  # noqa: E402
+from orchestrator.node.attribution import classify as vllm_roles
 from orchestrator.node.hostfacts import vllm_version  # noqa: E402
+from orchestrator.node.replica import VllmReplica, free_port
 from orchestrator.node.restrict import tree_pids  # noqa: E402
 from orchestrator.node.serve_replica import ServeReplica  # noqa: E402
-from orchestrator.values.trial import TrialSpec  # noqa: E402
 from orchestrator.plan.models import build_shape  # noqa: E402
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant  # noqa: E402
+from orchestrator.values.trial import TrialSpec  # noqa: E402
 from workloads import metrics, run_workload_sync  # noqa: E402
 from workloads.bare import pin  # noqa: E402
 from workloads.spec import AgenticWorkload, TokenRange  # noqa: E402

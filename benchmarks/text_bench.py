@@ -26,9 +26,16 @@ import random
 import time
 from pathlib import Path
 
-from workloads.text import (TEXT_STYLES, TextFactory, bundled_tokenizer_path, load_tokenizer,
-                            compare_cost, reference_text, stable_id,
-                            tokenize_cost_ms_per_1k)
+from workloads.text import (
+    TEXT_STYLES,
+    TextFactory,
+    bundled_tokenizer_path,
+    compare_cost,
+    load_tokenizer,
+    reference_text,
+    stable_id,
+    tokenize_cost_ms_per_1k,
+)
 
 
 def _tokenizers(llama3: str | None) -> dict[str, Path]:

@@ -226,10 +226,10 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     parent run (artifacts under report/)."""
     from orchestrator.infra.local_servers import ServiceError, free_port, mlflow_server
     from orchestrator.observe.report.comparison import costs
+    from orchestrator.observe.report.console import print_tables
     from orchestrator.observe.report.data import ReportInputError
     from orchestrator.observe.report.tables import ReportOptions, Slo
     from orchestrator.observe.report.writer import publish
-    from orchestrator.observe.report.console import print_tables
 
     if (core_hour_usd is None) != (gpu_hour_usd is None):  # checked before any work is done
         raise click.ClickException("give both --core-hour-usd and --gpu-hour-usd, or neither")

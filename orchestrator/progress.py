@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from rich.console import Console
 from rich.live import Live
@@ -99,7 +99,7 @@ class SweepState:
     warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # trial id -> its final result's
 
     @classmethod
-    def of(cls, plan: SweepPlan) -> "SweepState":
+    def of(cls, plan: SweepPlan) -> SweepState:
         return cls(len(plan), {t.trial_id: label_of(t) for t in plan.trials},
                    {t.trial_id: float(t.workload.max_duration_s) for t in plan.trials
                     if getattr(t.workload, "max_duration_s", None)})
@@ -284,7 +284,7 @@ class SweepDisplay:
         except Exception as exc:  # noqa: BLE001 - a display bug must not stop the refresh, or the sweep
             return Text(f"(progress display failed: {type(exc).__name__}: {exc})")
 
-    def __enter__(self) -> "SweepDisplay":
+    def __enter__(self) -> SweepDisplay:
         if self.live:
             self._live = Live(console=self.console, get_renderable=self._renderable,
                               refresh_per_second=self._refresh, transient=True, redirect_stderr=False)

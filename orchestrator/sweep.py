@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.control.controller import SweepController
-from orchestrator.control.search import Outcome, SearchTrial, from_history
 from orchestrator.control.ray_executor import RayTrialExecutor
+from orchestrator.control.search import Outcome, SearchTrial, from_history
 from orchestrator.control.trial import TrialState
 from orchestrator.infra import survivors
 from orchestrator.infra.homelock import HomeBusy, home_lock

@@ -39,13 +39,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -106,10 +108,8 @@ def pin(cpus: set[int]) -> None:
     The one implementation: the workload actor and the overhead benchmark call it too."""
     os.sched_setaffinity(0, cpus)
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 def load_workload(path: str) -> Any:
@@ -155,7 +155,7 @@ async def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(url.hostname, port), timeout_s)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise BareError(f"cannot reach the server at {base_url}: {exc or type(exc).__name__}") from None
     writer.close()
     await writer.wait_closed()

@@ -54,9 +54,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 from .bare import parse_cpus, percentile
 from .protocols import chat_transcript

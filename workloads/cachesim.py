@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Mapping, Sequence
 
 from .records import RequestRecord
 from .trace import Session

@@ -43,8 +43,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Callable
 
 import aiohttp
 
@@ -91,7 +91,7 @@ class StreamingClient:
         self._bodies = _BodyEncoder(model, continuous_usage=continuous_usage, sessions=max_connections)
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "StreamingClient":
+    async def __aenter__(self) -> StreamingClient:
         connector = aiohttp.TCPConnector(
             limit=self._max_connections, limit_per_host=self._max_connections,
             keepalive_timeout=self._keepalive_s, force_close=False, ttl_dns_cache=300)
@@ -186,7 +186,7 @@ class StreamingClient:
             response_schema=request.response_format.name if request.response_format else None)
         return record, "".join(st.text)
 
-    async def _exchange(self, url: str, body: bytes, st: "_StreamState") -> None:
+    async def _exchange(self, url: str, body: bytes, st: _StreamState) -> None:
         assert self._session is not None
         async with self._session.post(url, data=body,
                                       headers={"Content-Type": "application/json"}) as resp:

@@ -44,9 +44,10 @@ import json
 import re
 import sysconfig
 import unicodedata
-from functools import lru_cache
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only annotations: no tokenizer is loaded here
     from tokenizers import Tokenizer
@@ -135,7 +136,7 @@ def _json_documents() -> Iterator[str]:
 _LOADERS = {"code": _code_documents, "prose": _prose_documents, "json": _json_documents}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _halves(kind: str) -> tuple[str, str]:
     if kind not in _LOADERS:
         raise ValueError(f"unknown corpus kind {kind!r}; expected one of {KINDS}")

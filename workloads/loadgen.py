@@ -34,8 +34,8 @@ The measurement window (decided here, and the only place it is decided):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from .protocols import Backend, Clock, MonotonicClock, Request, chat_transcript
 from .records import RequestRecord
@@ -166,8 +166,8 @@ class LoadGenerator:
                           turns_unsent=state.turns_unsent, slot_waits=state.slot_waits,
                           contexts=state.contexts, prompt_chars=state.prompt_chars)
 
-    async def _run_session(self, session: Session, history: "_TextHistory | _ChatHistory", scheduled_ns: int,
-                           state: "_RunState") -> None:
+    async def _run_session(self, session: Session, history: _TextHistory | _ChatHistory, scheduled_ns: int,
+                           state: _RunState) -> None:
         clock = self._clock
         try:
             for k, turn in enumerate(session.turns):

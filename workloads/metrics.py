@@ -13,7 +13,7 @@ the MLflow UI, and an absent value cannot be mistaken for a measured one.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -139,12 +139,12 @@ def goodput_count(records: Sequence[RequestRecord], *, ttft_slo_s: float | None,
     """
     good = 0
     for r in ok_records(records):
-        if ttft_slo_s is not None:
-            if r.first_token_ns is None or (r.first_token_ns - r.sent_ns) / _NS > ttft_slo_s:
-                continue
-        if tpot_slo_s is not None and r.first_token_ns is not None and r.completion_tokens > 1:
-            if (r.end_ns - r.first_token_ns) / (r.completion_tokens - 1) / _NS > tpot_slo_s:
-                continue
+        if ttft_slo_s is not None and (
+                r.first_token_ns is None or (r.first_token_ns - r.sent_ns) / _NS > ttft_slo_s):
+            continue
+        if (tpot_slo_s is not None and r.first_token_ns is not None and r.completion_tokens > 1
+                and (r.end_ns - r.first_token_ns) / (r.completion_tokens - 1) / _NS > tpot_slo_s):
+            continue
         good += 1
     return good
 

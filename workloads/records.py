@@ -12,8 +12,9 @@ only comparable with each other, never with wall-clock time or with another host
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Iterable, Literal
+from typing import Literal
 
 import pandas as pd
 

@@ -29,10 +29,10 @@ import gc
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 from . import metrics
 from .client import StreamingClient

@@ -8,7 +8,7 @@ prompt is the session's whole accumulated context. Variants are discriminated on
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -24,7 +24,7 @@ class TokenRange(_Strict):
     max: int = Field(ge=1, le=1_000_000, description="Largest token count.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "TokenRange":
+    def _ordered(self) -> TokenRange:
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
         return self
@@ -37,7 +37,7 @@ class ToolSchema(_Strict):
     parameters: dict[str, Any] = Field(description="JSON Schema of the tool's arguments: an object schema.")
 
     @model_validator(mode="after")
-    def _object(self) -> "ToolSchema":
+    def _object(self) -> ToolSchema:
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name!r}: parameters must be an object schema (type: object), "
                              f"got type {self.parameters.get('type')!r}")
@@ -207,13 +207,13 @@ class RecordedWorkload(_WorkloadBase):
                                      description="Tokens per answer when output_tokens='fixed'.")
 
     @model_validator(mode="after")
-    def _scale_only_when_scaling(self) -> "RecordedWorkload":
+    def _scale_only_when_scaling(self) -> RecordedWorkload:
         if self.gaps != "scale" and self.gap_scale != 1.0:
             raise ValueError(f"gap_scale {self.gap_scale} has no effect unless gaps='scale' (gaps={self.gaps!r})")
         return self
 
 
-WorkloadSpec = Annotated[Union[AgenticWorkload, MooncakeWorkload, AzureWorkload, RecordedWorkload],
+WorkloadSpec = Annotated[AgenticWorkload | MooncakeWorkload | AzureWorkload | RecordedWorkload,
                          Field(discriminator="kind")]
 
 __all__ = ["AgenticWorkload", "AzureWorkload", "MooncakeWorkload", "RecordedWorkload", "StructuredOutput", "TextStyle",

@@ -50,9 +50,10 @@ import re
 import string
 import time
 from array import array
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where a tokenizer is loaded: `orchestrator plan` never needs it
     from tokenizers import Tokenizer

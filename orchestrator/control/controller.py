@@ -68,15 +68,16 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from queue import SimpleQueue
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
+from typing import Any, Literal, Protocol
 
-from orchestrator.values.callbacks import Callback, CallbackList
-from orchestrator.values.trial import SweepPlan, TrialSpec
-from orchestrator.plan.expand import chains
-from orchestrator.values.results import ErrorKind, TrialResult
-from orchestrator.control.trial import Trial, TrialState
 from orchestrator.control.search import ConfigSearch, Outcome, SearchTrial, configurations, from_result
+from orchestrator.control.trial import Trial, TrialState
+from orchestrator.plan.expand import chains
+from orchestrator.values.callbacks import Callback, CallbackList
+from orchestrator.values.results import ErrorKind, TrialResult
+from orchestrator.values.trial import SweepPlan, TrialSpec
 
 log = logging.getLogger(__name__)
 

@@ -26,19 +26,26 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
-from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan
-from orchestrator.node.window_figures import profile_delay
 from orchestrator.node.cores import format_cpulist
 from orchestrator.node.restrict import Verification
+from orchestrator.node.window_figures import profile_delay
+from orchestrator.observe.summary import (
+    crosscheck_load,
+    crosscheck_metrics,
+    load_warnings,
+    replay_fidelity_of,
+    sessions_of,
+    summarize_trial,
+)
 from orchestrator.observe.time_use import STEP
-from orchestrator.observe.summary import (crosscheck_load, crosscheck_metrics, load_warnings, replay_fidelity_of,
-                                          sessions_of, summarize_trial)
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
 from orchestrator.values.trial import TrialSpec
+from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan
 
 STEPS = ("verify_start", "warmup", "prepare", "reset", "window", "scrape", "verify_client", "finish", "crosscheck",
          "verify")

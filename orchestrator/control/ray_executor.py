@@ -40,9 +40,10 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnschedulableError, GetTimeoutError, RayActorError, RayTaskError
@@ -52,13 +53,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.control.controller import Phase, PhaseHook, notify_phase
 from orchestrator.control.measure import Window, WindowSequence, flat_params
 from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
-from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
-from orchestrator.values.wire import CoreGrant, NodeError, ReplicaUp
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.observe.time_use import STEP, timeline_from_events
-from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import replica_key, start_key
 from orchestrator.plan.references import ReferencePlan
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
+from orchestrator.values.trial import SweepPlan, TrialSpec
+from orchestrator.values.wire import CoreGrant, NodeError, ReplicaUp
 from workloads.loaders import trace_path
 
 
@@ -207,7 +208,7 @@ class RayTrialExecutor:
         self.on_phase: PhaseHook | None = None
 
     # ------------------------------------------------------------------ public
-    def lane(self) -> "_Lane":
+    def lane(self) -> _Lane:
         """A new lane: runs one trial at a time, keeps its own warm replica (repin, shared start)."""
         lane = _Lane(self)
         self._lanes.append(lane)
@@ -525,8 +526,8 @@ def _task_error_kind(cause: BaseException | None) -> ErrorKind:
     tokenizer, the spec, the text corpus) is the user's to fix, so it is the final ``CONFIG``: retrying it
     would fail the same way. Anything else raised in a task is our bug: ``INTERNAL``.
     """
-    from orchestrator.plan.models import ModelError
     from orchestrator.plan.load import SpecError
+    from orchestrator.plan.models import ModelError
     from workloads.corpus import CorpusError
     from workloads.loaders import WorkloadInputError
 

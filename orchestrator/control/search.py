@@ -14,8 +14,9 @@ count; the trial run there is its lowest repeat not yet run. No I/O here: the co
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

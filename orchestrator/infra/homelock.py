@@ -18,9 +18,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 LOCK = "run.lock"
 PIDFILE = "run.pid"

@@ -27,6 +27,7 @@ methods on pool threads) and reaches only the direct child.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -98,10 +99,8 @@ class Lifeline:
             self._write = -1
 
     def __del__(self) -> None:  # pragma: no cover (interpreter exit)
-        try:
+        with contextlib.suppress(OSError):
             self.cut()
-        except OSError:
-            pass
 
 
 # argv: the project root (for orchestrator.infra.survivors), grace seconds. Reads JSON entries, one per line,
@@ -124,7 +123,7 @@ class Guardian:
     """A process that ends the processes handed to it when this process dies or calls ``close()``."""
 
     def __init__(self, grace_s: float = 5.0, log: Path | None = None) -> None:
-        out = open(log, "ab") if log is not None else None
+        out = open(log, "ab") if log is not None else None  # noqa: SIM115 - closed below, once the child holds it
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", GUARDIAN, str(Path(__file__).resolve().parents[2]),
                                           str(grace_s)], stdin=subprocess.PIPE,

@@ -21,6 +21,7 @@ Two guards for runs that end badly or overlap:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,10 +29,11 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import psutil
 
@@ -47,10 +49,8 @@ class ServiceError(RuntimeError):
 def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the process group, wait, then SIGKILL it. Idempotent."""
     if proc.poll() is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # reap stragglers of an exited leader
-        except (ProcessLookupError, PermissionError):
-            pass
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -59,10 +59,8 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
     except ProcessLookupError:
         return
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait(timeout=grace_s)
 
 

@@ -6,7 +6,7 @@ import ipaddress
 import socket
 import urllib.error
 import urllib.request
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 

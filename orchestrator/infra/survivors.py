@@ -25,9 +25,10 @@ import json
 import os
 import signal
 import time
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import psutil
 
@@ -112,15 +113,11 @@ def _group(pgid: int) -> list[psutil.Process]:
 
 def _signal(groups: Iterable[int], procs: list[psutil.Process], sig: int) -> None:
     for g in groups:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(g, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in procs:
-        try:
+        with suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
 
 
 def reap(home: Path, *, grace_s: float = 10.0) -> list[str]:

@@ -26,8 +26,8 @@ between) is for a run whose span is its whole life (the bare cross-check's).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import psutil
 
@@ -100,7 +100,7 @@ class CoreAccounting:
     _t0: float = 0.0
     tree: Callable[[Iterable[int]], float] = tree_cpu_seconds
 
-    def start(self) -> "CoreAccounting":
+    def start(self) -> CoreAccounting:
         self._t0 = self.clock()
         # Same processes in every reading (a new child would bring its whole history in), plus
         # none: the server forks its workers before it is healthy.

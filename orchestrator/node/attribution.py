@@ -225,7 +225,7 @@ class RoleWindow:
         out["replica_exited_cpu_s"] = self.exited_cpu_s
         return out
 
-    def scaled(self, k: float, wall_s: float) -> "RoleWindow":
+    def scaled(self, k: float, wall_s: float) -> RoleWindow:
         """This window's amounts (CPU, switches, run-queue wait, the exited processes' CPU) times ``k``,
         over ``wall_s`` seconds; the counts (processes, threads, exited) as they are."""
         def usage(u: RoleUsage) -> RoleUsage:
@@ -322,7 +322,7 @@ class RoleAccounting:
         """Every process of the tree now."""
         return snapshot(self.pids(), self.reader)
 
-    def start(self) -> "RoleAccounting":
+    def start(self) -> RoleAccounting:
         self._before = self.read()
         return self
 

@@ -16,8 +16,9 @@ import glob
 import os
 import platform
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Literal
 
 Isolation = Literal["require", "prefer", "share"]
 
@@ -93,14 +94,14 @@ class NodeTopology:
             object.__setattr__(self, "numa", {0: tuple(sorted(self.cpus))})
 
     @classmethod
-    def synthetic(cls, n_cpus: int, numa_nodes: int = 1, gpu_numa: dict[int, int] | None = None) -> "NodeTopology":
+    def synthetic(cls, n_cpus: int, numa_nodes: int = 1, gpu_numa: dict[int, int] | None = None) -> NodeTopology:
         """A fake node of ``n_cpus`` split evenly over ``numa_nodes`` (for tests and planning)."""
         per = max(1, n_cpus // numa_nodes)
         numa = {n: tuple(c for c in range(n_cpus) if min(c // per, numa_nodes - 1) == n) for n in range(numa_nodes)}
         return cls(cpus=tuple(range(n_cpus)), numa=numa, gpu_numa=dict(gpu_numa or {}), cpu_model="synthetic")
 
     @classmethod
-    def detect(cls, sysfs: str = "/sys") -> "NodeTopology":
+    def detect(cls, sysfs: str = "/sys") -> NodeTopology:
         """Read this node: affinity, NUMA cpulists, GPU NUMA nodes (NVML, else PCI sysfs), CPU model.
 
         ``ORCH_NODE_CPUS`` (a cpulist) narrows the node to those cores: several simulated nodes on one

@@ -54,6 +54,7 @@ run, or finds no GPU activity (a CPU-only server), says so in ``gpu_profile_stat
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
@@ -258,7 +259,7 @@ class GpuProfileCapture:
     _abandoned: bool = False
     _result: tuple[dict[str, float], dict[str, str]] | None = None
 
-    def start(self) -> "GpuProfileCapture":
+    def start(self) -> GpuProfileCapture:
         self.trace_dir = Path(self.trace_dir)
         self._status = "running"
         self._thread = threading.Thread(target=self._run, name="gpu-profile", daemon=True)
@@ -323,10 +324,8 @@ class GpuProfileCapture:
             self._status = f"capture failed: {type(exc).__name__}: {exc}"[:300]
         finally:
             if started:  # never leave the profiler recording (it would grow until the server stops)
-                try:
+                with contextlib.suppress(Exception):  # the status already says what went wrong
                     self.post(base + "/stop_profile", self.stop_timeout_s)
-                except Exception:  # the status already says what went wrong
-                    pass
             if self._abandoned and not self.keep:  # stop() gave up waiting: nobody will read these
                 for f in (*self._files, *self._tables):
                     f.unlink(missing_ok=True)

@@ -13,8 +13,8 @@ a file is missing or unreadable (containers often hide cpufreq), never raising.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from orchestrator.node.cores import NodeTopology, format_cpulist, parse_cpulist
 

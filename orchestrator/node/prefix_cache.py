@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -15,10 +16,8 @@ def reset_prefix_cache(base_url: str, attempts: int = 20, wait_s: float = 0.25) 
         with urllib.request.urlopen(req, timeout=30) as resp:
             body = resp.read()
             ok = resp.status == 200
-        try:
+        with contextlib.suppress(ValueError, AttributeError):  # not JSON: the status is all there is
             ok = ok and bool(json.loads(body).get("success", True))
-        except (ValueError, AttributeError):
-            pass  # not JSON: the status is all there is
         if ok:
             return True
         time.sleep(wait_s)

@@ -12,6 +12,7 @@ and the state of the compile cache, probed before the launch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,23 +21,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
-from orchestrator.node.cores import format_cpulist, thread_env
-from orchestrator.node.gpu_profile import profiler_launch
 from orchestrator.infra.lifeline import Lifeline
 from orchestrator.infra.net import free_port, http_ok, port_is_free
-from orchestrator.values.trial import TrialSpec
+from orchestrator.node.cores import format_cpulist, thread_env
+from orchestrator.node.gpu_profile import profiler_launch
 from orchestrator.node.hostfacts import vllm_version
-from orchestrator.node.restrict import (Restriction, RestrictionError, Verification, choose_mode, mode_of, pid_alive,
-                                       tree_pids)
-from workloads.vllm_cli import VLLM_CLI_SHIM
+from orchestrator.node.restrict import (
+    Restriction,
+    RestrictionError,
+    Verification,
+    choose_mode,
+    mode_of,
+    pid_alive,
+    tree_pids,
+)
 from orchestrator.node.startup import compile_cache_entries, first_start, parse_startup, read_log, startup_record
 from orchestrator.values.results import ErrorKind
+from orchestrator.values.trial import TrialSpec
+from workloads.vllm_cli import VLLM_CLI_SHIM
 
 # gpu/README.md section 5: NVLink multicast is off on the lent multi-GPU machines and must stay off.
 MULTICAST_OFF_ENV = {
@@ -353,10 +362,8 @@ class VllmReplica:
             return
         for pid in tree_pids(self.proc.pid):
             if pid not in self._seen and pid != os.getpid():
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     self._seen[pid] = psutil.Process(pid)
-                except psutil.NoSuchProcess:
-                    pass
 
     def _group_members(self, pgid: int) -> list[psutil.Process]:
         """Live (non-zombie) processes of our process group, and those seen in our tree that still run
@@ -387,10 +394,8 @@ class VllmReplica:
             self._remember_tree()
             _killpg(pgid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_grace_s  # the server and its workers share the grace period
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                pass
             while self._group_members(pgid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             for _ in range(3):
@@ -398,10 +403,8 @@ class VllmReplica:
                     break
                 _killpg(pgid, signal.SIGKILL)
                 for p in left:  # also one that left the group (setsid) but was seen in our tree
-                    try:
+                    with contextlib.suppress(psutil.NoSuchProcess):
                         p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
                 psutil.wait_procs(left, timeout=5)
             if self.proc.poll() is None:
                 self.proc.wait(timeout=5)
@@ -424,7 +427,7 @@ class VllmReplica:
         self.stop_report = report
         return report
 
-    def __enter__(self) -> "VllmReplica":
+    def __enter__(self) -> VllmReplica:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -432,10 +435,8 @@ class VllmReplica:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:

@@ -24,8 +24,7 @@ from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import Verification, tree_pids
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
-from orchestrator.node.window_figures import (CounterReading, profile_delay, span_bounds, window_counters,
-                                              window_series)
+from orchestrator.node.window_figures import CounterReading, profile_delay, span_bounds, window_counters, window_series
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
 from orchestrator.values.trial import TrialSpec
 from orchestrator.values.wire import NodeError, ReplicaUp, ServerStatus, WindowFigures, WindowSpan

@@ -24,9 +24,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -300,7 +301,7 @@ def mode_of(name: str) -> ModeKind:
         raise ValueError(f"unknown restriction mode {name!r}; known: {', '.join(MODES)}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(mode: str, base: str) -> str | None:
     """None if ``mode`` can be set up here, else the reason (cached per process)."""
     layout = detect_layout(Path(base))
@@ -395,7 +396,7 @@ class Restriction:
         self.kind.repin(self.layout, self.groups, root_pid, frozenset(cpus))
         self.cpus = frozenset(cpus)
 
-    def verify(self, root_pid: int, *, strict: bool = False) -> "Verification":
+    def verify(self, root_pid: int, *, strict: bool = False) -> Verification:
         return verify_tree(root_pid, self.cpus, self.mode, strict=strict, base=self.base)
 
     def cleanup(self) -> None:

@@ -227,11 +227,10 @@ def pin_worker() -> None:
 def app_classes() -> tuple[type, type, dict[str, Any]]:
     """The LLMServer with what the protocol reads from a replica (its vLLM metrics, a prefix-cache reset
     that says whether vLLM did it), the OpenAI ingress with the endpoints for them, and its routes."""
+    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS
     from ray.serve.llm.deployment import LLMServer
     from ray.serve.llm.ingress import OpenAiIngress
     from starlette.responses import JSONResponse, PlainTextResponse, Response
-
-    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS
 
     class TrialLLMServer(LLMServer):
         async def metrics_text(self) -> str:
@@ -274,10 +273,9 @@ def build_app(config: Any) -> tuple[Any, dict[str, Any]]:
     """The app ``build_openai_app`` builds for ``config`` (the same two deployments and default options),
     with the ingress of :func:`app_classes`; and the options each deployment got, for the record."""
     from ray import serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import build_llm_deployment
     from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
-
-    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
 
     server_cls, ingress_cls, routes = app_classes()
     server_options = server_cls.get_deployment_options(config)  # type: ignore[attr-defined]

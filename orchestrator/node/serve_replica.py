@@ -33,6 +33,7 @@ every thread of the serving set (inside: of the whole tree) against the trial's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,14 +50,22 @@ import psutil
 
 from orchestrator.infra.lifeline import Lifeline
 from orchestrator.infra.net import http_ok
-from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist
-from orchestrator.node.replica import ReplicaError, VllmReplica, inherited_env
 from orchestrator.node.hostfacts import vllm_version
+from orchestrator.node.replica import ReplicaError, VllmReplica, inherited_env
 from orchestrator.node.restrict import Restriction, Verification, mode_of, thread_cpus, thread_ids, tree_pids
-from orchestrator.node.serve_host import (CGROUP_ENV, CPUS_ENV, Role, engine_kwargs, host_spec, llm_config,
-                                          process_sets, roots)
+from orchestrator.node.serve_host import (
+    CGROUP_ENV,
+    CPUS_ENV,
+    Role,
+    engine_kwargs,
+    host_spec,
+    llm_config,
+    process_sets,
+    roots,
+)
 from orchestrator.node.startup import read_log
+from orchestrator.values.results import ErrorKind
 from orchestrator.values.trial import TrialSpec
 
 # What a Ray worker inherits from the cluster it runs in; the serve host must start a Ray of its own.
@@ -213,10 +222,8 @@ class ServeReplica(VllmReplica):
             code = self.proc.poll()
             if code is not None or st.get("state") == "failed":
                 if code is None:  # the host tears down what it started, then exits
-                    try:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
                         code = self.proc.wait(timeout=self.stop_grace_s)
-                    except subprocess.TimeoutExpired:
-                        pass
                 kind = _KINDS.get(st.get("error_kind", ""), ErrorKind.SERVER_DIED)
                 why = st.get("message") or f"the serve host exited with code {code}"
                 self.stop()

@@ -41,8 +41,16 @@ import psutil
 
 from orchestrator.node.attribution import ProcDesc, RoleWindow, classify
 from orchestrator.node.restrict import tree_pids
-from orchestrator.node.stack_categories import (RoleCategories, Stack, apportion, by_role, category_metrics,
-                                                normalize_labels, parse_collapsed, render_collapsed)
+from orchestrator.node.stack_categories import (
+    RoleCategories,
+    Stack,
+    apportion,
+    by_role,
+    category_metrics,
+    normalize_labels,
+    parse_collapsed,
+    render_collapsed,
+)
 
 SUMMARY = re.compile(r"Samples: (\d+) Errors: (\d+)")
 
@@ -170,7 +178,7 @@ class StackSampler:
     _status: str = "off"
     _known: dict[int, str] = field(default_factory=dict)
 
-    def start(self) -> "StackSampler":
+    def start(self) -> StackSampler:
         if not _alive(self.root):
             self._status = f"the replica's process {self.root} is gone"
             return self
@@ -181,8 +189,7 @@ class StackSampler:
         self._dir = Path(tempfile.mkdtemp(prefix="stacks-"))
         try:
             self._known = dict((self.cmdlines or tree_cmdlines)(self.root))
-            err = open(self._dir / "stderr", "wb")
-            with err:
+            with open(self._dir / "stderr", "wb") as err:
                 self._proc = subprocess.Popen(
                     [*SIGINT_RESTORED, *py_spy_command(exe, self.root, self.rate_hz, str(self._dir / "raw.txt"),
                                                        self.native, self.max_s)],

@@ -26,6 +26,7 @@ replica's cgroup, so it does not steal the cores under test.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -271,10 +272,8 @@ class NvmlReader:
         return out
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # shutdown of an absent driver is not our concern
             self._nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 (shutdown of an absent driver is not our concern)
-            pass
 
 
 def open_gpu_reader(indices: Sequence[int] | None = None) -> GpuReader | None:
@@ -373,7 +372,7 @@ class TelemetrySampler:
         self.errors: dict[str, int] = defaultdict(int)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> "TelemetrySampler":
+    def start(self) -> TelemetrySampler:
         if self._threads:
             raise RuntimeError("sampler already started")
         if self._gpu_arg is True:
@@ -428,7 +427,7 @@ class TelemetrySampler:
         with self._lock:
             return sorted(self._rows, key=lambda r: r["t"])
 
-    def __enter__(self) -> "TelemetrySampler":
+    def __enter__(self) -> TelemetrySampler:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

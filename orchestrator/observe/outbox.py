@@ -26,15 +26,16 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
+from orchestrator.values.results import TrialResult, TrialStatus
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from workloads.records import records_to_frame
-from orchestrator.values.results import TrialResult, TrialStatus
 
 FORMAT_VERSION = 1
 MAX_PARAM_LEN = 6000   # MLflow's limit on a param value

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ seconds on any one clock the sweep shares.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 PHASES = ("starting", "warmup", "window", "crosscheck", "teardown", "idle")
 PRIORITY = ("window", "crosscheck", "warmup", "starting", "teardown")  # who gets a moment two spans share

@@ -35,17 +35,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
+from mlflow import MlflowClient
 from orchestrator.observe import outbox
-from orchestrator.values.callbacks import Callback, CallbackList
-from orchestrator.values.trial import SweepPlan, TrialSpec
-from orchestrator.values.results import TrialResult
 from orchestrator.observe.summary import summarize_series
+from orchestrator.values.callbacks import Callback, CallbackList
+from orchestrator.values.results import TrialResult
+from orchestrator.values.trial import SweepPlan, TrialSpec
 
 log = logging.getLogger(__name__)
 

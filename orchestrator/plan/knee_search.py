@@ -41,8 +41,9 @@ from __future__ import annotations
 import enum
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 from scipy.stats import t as student_t
 

@@ -19,6 +19,7 @@ sessions send plain role/content messages.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -26,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-import importlib.util
 from pathlib import Path
 
 from orchestrator.values.shapes import SHAPES, Tokenizer

@@ -72,7 +72,7 @@ class Machine:
     gpus: int
 
     @classmethod
-    def here(cls) -> "Machine":
+    def here(cls) -> Machine:
         """The cores this process may run on (its affinity, as the core agent allocates them) and the GPUs
         NVML counts (nvidia-ml-py), else ``nvidia-smi -L`` lists, else none."""
         return cls(len(os.sched_getaffinity(0)), _gpu_count())

@@ -20,8 +20,8 @@ runs them. The reason of every window that ran references is recorded with it (`
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from orchestrator.values.trial import TrialSpec
 

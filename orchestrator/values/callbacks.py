@@ -7,10 +7,11 @@ Tracking (MLflow) and reporting implement :class:`Callback`; the controller call
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.values.results import TrialResult
+from orchestrator.values.trial import SweepPlan, TrialSpec
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ class TrialFailure(Exception):
         super().__init__(message)
         self.kind = kind
 
-    def __reduce__(self) -> tuple[type["TrialFailure"], tuple[ErrorKind, str]]:
+    def __reduce__(self) -> tuple[type[TrialFailure], tuple[ErrorKind, str]]:
         return type(self), (self.kind, str(self))
 
 
@@ -67,7 +67,7 @@ class TrialResult:
         return self.status is TrialStatus.COMPLETED
 
     @classmethod
-    def failed(cls, trial_id: str, kind: ErrorKind, message: str, **kw: Any) -> "TrialResult":
+    def failed(cls, trial_id: str, kind: ErrorKind, message: str, **kw: Any) -> TrialResult:
         return cls(trial_id=trial_id, status=TrialStatus.FAILED, error_kind=kind, message=message, **kw)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
 # ChatML as Qwen3 writes it, without tools or thinking: "<|im_start|>role\ncontent<|im_end|>\n"
 # per message, then "<|im_start|>assistant\n" when a generation prompt is asked for.
 CHATML_TEMPLATE = (

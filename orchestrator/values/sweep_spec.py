@@ -11,10 +11,19 @@ settings (Ray address, MLflow URI) come from the environment, never from a sweep
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator.values.shapes import SHAPES
 from workloads.spec import WorkloadSpec
@@ -70,7 +79,7 @@ def _model_kind(v: Any) -> str:
     return cast(str, getattr(v, "kind", "hf"))
 
 
-ModelSpec = Annotated[Union[Annotated[ShapeModel, Tag("shape")], Annotated[HubModel, Tag("hf")]],
+ModelSpec = Annotated[Annotated[ShapeModel, Tag("shape")] | Annotated[HubModel, Tag("hf")],
                       Discriminator(_model_kind)]
 
 
@@ -131,7 +140,7 @@ class ServerSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _frontend_needs_serve(self) -> "ServerSpec":
+    def _frontend_needs_serve(self) -> ServerSpec:
         if self.serve_frontend != "inside" and self.stack != "ray-serve":
             raise ValueError(f"serve_frontend: {self.serve_frontend} applies to stack: ray-serve only "
                              f"(stack is {self.stack})")
@@ -296,7 +305,7 @@ class SloSpec(_Strict):
                                              "in seconds.")
 
     @model_validator(mode="after")
-    def _some(self) -> "SloSpec":
+    def _some(self) -> SloSpec:
         if self.ttft_s is None and self.tpot_s is None:
             raise ValueError("give ttft_s, tpot_s or both (or leave slo out)")
         return self
@@ -370,7 +379,7 @@ class RepeatsSpec(_Strict):
                     "settled.")
 
     @model_validator(mode="after")
-    def _order(self) -> "RepeatsSpec":
+    def _order(self) -> RepeatsSpec:
         if self.min > self.max:
             raise ValueError(f"repeats.min ({self.min}) is more than repeats.max ({self.max})")
         return self
@@ -394,7 +403,7 @@ class SearchSpec(_Strict):
                     "(its end minus its start) times its GPUs (a CPU trial counts its time once).")
 
     @model_validator(mode="after")
-    def _budgets_need_knee(self) -> "SearchSpec":
+    def _budgets_need_knee(self) -> SearchSpec:
         if self.kind == "grid" and (self.max_trials is not None or self.max_gpu_hours is not None):
             raise ValueError("max_trials and max_gpu_hours apply to kind: knee only")
         return self
@@ -420,8 +429,7 @@ class SweepSpec(_Strict):
         default=None,
         description="Optional SLOs (ttft_s, tpot_s); each trial then records goodput_rps, the ok requests per second "
                     "that met them. Not part of a trial's identity.")
-    repeats: Annotated[Union[Annotated[Annotated[int, Field(ge=1, le=100)], Tag("count")],
-                             Annotated[RepeatsSpec, Tag("policy")]],
+    repeats: Annotated[Annotated[Annotated[int, Field(ge=1, le=100)], Tag("count")] | Annotated[RepeatsSpec, Tag("policy")],
                        Discriminator(_repeats_kind)] = Field(
         default_factory=lambda data: default_repeats(data["grid"].gpus) if "grid" in data else 1,
         description="Repeats of each combination. Left out: 3 when any trial has GPUs (a grid.gpus value above "
@@ -471,7 +479,7 @@ class SweepSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _bench_sends_free_text(self) -> "SweepSpec":
+    def _bench_sends_free_text(self) -> SweepSpec:
         # vllm bench serve has no per-request fields: it cannot send a structured-output turn's response_format,
         # so it would replay another load. (The bare client sends it, as the harness does.)
         p = self.protocol

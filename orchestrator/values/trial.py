@@ -13,10 +13,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from orchestrator.values.sweep_spec import (ClientSpec, ModelSpec, ProtocolSpec, RestrictionMode, ServerSpec, SloSpec,
-                                            StartMode, SweepSpec, TelemetrySpec, VllmVariant)
+from orchestrator.values.sweep_spec import (
+    ClientSpec,
+    ModelSpec,
+    ProtocolSpec,
+    RestrictionMode,
+    ServerSpec,
+    SloSpec,
+    StartMode,
+    SweepSpec,
+    TelemetrySpec,
+    VllmVariant,
+)
 from workloads.spec import WorkloadSpec
-
 
 IDENTITY_EXCLUDE: dict[str, Any] = {
     "trial_id": True, "slo": True,

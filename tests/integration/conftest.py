@@ -20,9 +20,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from itest import NODE, scratch_dir
-
 
 ONE_ENGINE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 import ray
+from itest import agentic, sweep
 from ray.cluster_utils import Cluster
 
 from orchestrator.control.controller import SweepController
-from orchestrator.node.cores import NODE_CPUS_ENV
 from orchestrator.control.placement import ACCEL_LABEL
-from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.values.results import ErrorKind, TrialStatus
 from orchestrator.infra.local_servers import ray_on_loopback
-from itest import agentic, sweep
+from orchestrator.node.cores import NODE_CPUS_ENV
+from orchestrator.plan.expand import expand
+from orchestrator.values.results import ErrorKind, TrialStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(1500)]
 CPUS = sorted(os.sched_getaffinity(0))

@@ -12,9 +12,10 @@ search reaches a user untried. No vLLM or Ray.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient

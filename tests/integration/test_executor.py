@@ -13,13 +13,13 @@ import time
 
 import psutil
 import pytest
+from itest import agentic, sweep
 
+from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import expand
-from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.values.results import ErrorKind, TrialStatus
 from orchestrator.plan.load import parse_spec
-from itest import agentic, sweep
+from orchestrator.values.results import ErrorKind, TrialStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

@@ -27,6 +27,7 @@ Checked:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -107,10 +108,9 @@ class LocalCluster:
                "--dashboard-agent-listen-port", str(agent_http), "--dashboard-agent-grpc-port", str(agent_grpc),
                "--runtime-env-agent-port", str(runtime_env), "--metrics-export-port", str(metrics),
                "--object-store-memory", str(150 * 1024 * 1024), "--disable-usage-stats", *args]
-        log = open(self.tmp / f"{name}.log", "wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**self.env, **(extra_env or {})}, start_new_session=True)
-        log.close()
+        with open(self.tmp / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**self.env, **(extra_env or {})}, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -155,15 +155,11 @@ class LocalCluster:
             _signal_group(proc.pid, signal.SIGKILL)
         for p in seen.values():  # Ray's workers lead process groups of their own; they are ours too
             if _alive(p):
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         psutil.wait_procs(list(seen.values()), timeout=10)
         return left
 
@@ -183,10 +179,8 @@ def _cmd(p: psutil.Process) -> str:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _nodes(cluster: LocalCluster) -> list[dict]:

@@ -32,9 +32,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from itest import agentic, sweep
 from mlflow.tracking import MlflowClient
 
-from itest import agentic, sweep
 from orchestrator.infra import survivors
 from orchestrator.infra.local_servers import still_running, tree
 from orchestrator.plan.expand import expand

@@ -10,11 +10,11 @@ test then skips, naming the fallback.
 from __future__ import annotations
 
 import pytest
+from itest import agentic, sweep
 
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.restrict import choose_mode
 from orchestrator.plan.expand import expand
-from itest import agentic, sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(900)]
 

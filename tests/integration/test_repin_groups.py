@@ -12,14 +12,13 @@ prefix cache is reset, and it is re-pinned in seconds.
 
 from __future__ import annotations
 
-
-import pytest
 import psutil
+import pytest
+from itest import agentic, sweep
 
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import chains, expand
-from itest import agentic, sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.timeout(1200)]
 

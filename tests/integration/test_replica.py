@@ -12,16 +12,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from itest import KV_CACHE_BYTES, LAST_CORE
 
 from orchestrator.node.cores import format_cpulist
-from orchestrator.plan.models import build_shape
-from orchestrator.values.trial import TrialSpec
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port, port_is_free
 from orchestrator.node.restrict import ROOT_NAME, pid_alive
-from orchestrator.values.results import ErrorKind
 from orchestrator.node.startup import compile_cache_entries
+from orchestrator.plan.models import build_shape
+from orchestrator.values.results import ErrorKind
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
-from itest import KV_CACHE_BYTES, LAST_CORE
+from orchestrator.values.trial import TrialSpec
 from workloads.spec import AgenticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from mlflow import MlflowClient
 
+from mlflow import MlflowClient
 from orchestrator.cli import main
 from orchestrator.infra.net import free_port
-from orchestrator.values.results import TrialResult, TrialStatus
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, parent_run
-from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import TrialResult, TrialStatus
+from orchestrator.values.trial import SweepPlan, TrialSpec
 from workloads.metrics import summarize, ttft_s
 from workloads.records import RequestRecord
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 import ray
+from itest import LAST_CORE, NODE, tiny_trial
 
 from orchestrator.infra.net import free_port, port_is_free
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError
 from orchestrator.node.restrict import pid_alive
-from orchestrator.node.serve_replica import ServeReplica
 from orchestrator.node.serve_host import process_name, replica_names
+from orchestrator.node.serve_replica import ServeReplica
 from orchestrator.values.trial import TrialSpec
-from itest import LAST_CORE, NODE, tiny_trial
 from workloads import run_workload_sync
 from workloads.spec import AgenticWorkload, RecordedWorkload, StructuredOutput, TokenRange
 

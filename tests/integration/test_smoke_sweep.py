@@ -19,10 +19,10 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.node.cores import parse_cpulist
-from orchestrator.infra.net import non_loopback_listeners
-from orchestrator.plan.expand import expand
 from orchestrator.infra.local_servers import still_running, tree
+from orchestrator.infra.net import non_loopback_listeners
+from orchestrator.node.cores import parse_cpulist
+from orchestrator.plan.expand import expand
 from orchestrator.plan.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

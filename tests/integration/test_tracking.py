@@ -17,22 +17,22 @@ import sys
 import threading
 import time
 import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 import pytest
-from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 
-from orchestrator.observe import outbox
-from orchestrator.values.trial import SweepPlan, TrialSpec
-from orchestrator.plan.expand import expand
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.load import parse_spec
+from mlflow import MlflowClient
 from orchestrator.node.telemetry import TelemetrySampler, scrape
+from orchestrator.observe import outbox
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, mlflow_server_ok, sync_outbox
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.values.trial import SweepPlan, TrialSpec
 from workloads.records import RequestRecord
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -56,12 +56,11 @@ class _Server:
         cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
                "--artifacts-destination", str(self.home / "artifacts"), "--serve-artifacts",
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-        log = open(self.home / "server.log", "ab")
         # No GenAI job runner (seven worker processes we never use): a faster start on 2 cores.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=self.home, env=env)
-        log.close()
+        with open(self.home / "server.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         cwd=self.home, env=env)
         deadline = time.monotonic() + timeout_s
         while not mlflow_server_ok(self.uri, timeout_s=1):
             assert self.proc.poll() is None, (self.home / "server.log").read_text()[-3000:]

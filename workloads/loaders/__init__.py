@@ -8,9 +8,10 @@ sessions bring their own real text (chat messages), which is the point of replay
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload
 from ..structured import constrain

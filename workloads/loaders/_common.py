@@ -22,7 +22,7 @@ class TraceError(WorkloadInputError):
         self.problem = problem
         super().__init__(f"{self.path.name}:{line}: {problem}")
 
-    def __reduce__(self) -> tuple[type["TraceError"], tuple[Path, int, str]]:
+    def __reduce__(self) -> tuple[type[TraceError], tuple[Path, int, str]]:
         # Ray pickles a task's exception to return it. The default reduction replays
         # ``self.args`` (the one formatted message) into ``__init__``, which takes three
         # arguments, so unpickling failed and the caller saw a different error.

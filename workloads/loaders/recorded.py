@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from ..spec import RecordedWorkload
 from ..text import stable_id

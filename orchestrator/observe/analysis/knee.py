@@ -25,8 +25,8 @@ Every draw comes from ``numpy.random.default_rng(seed)``: the same windows and s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike

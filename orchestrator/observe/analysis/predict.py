@@ -25,9 +25,10 @@ delay), and a load's effect on ``G`` and ``Zd`` (taken from the calibration's lo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd

@@ -22,7 +22,8 @@ pooled: ``kind`` keeps them apart.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

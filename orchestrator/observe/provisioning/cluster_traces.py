@@ -19,9 +19,10 @@ missing from the closest format and every format's expected columns; a bad value
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import pandas as pd
 
@@ -47,7 +48,7 @@ class TraceFormat:
     name: str
     kind: Kind
     required: tuple[str, ...]
-    build: Callable[["_Rows"], pd.DataFrame]
+    build: Callable[[_Rows], pd.DataFrame]
     cannot_answer: tuple[str, ...] = ()
 
 

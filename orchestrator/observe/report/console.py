@@ -10,8 +10,7 @@ from __future__ import annotations
 import pandas as pd
 from rich.console import Console
 
-from orchestrator.observe.report.comparison import (CONFIG, calibration, comparison, references, render,
-                                                    spread_warnings)
+from orchestrator.observe.report.comparison import CONFIG, calibration, comparison, references, render, spread_warnings
 from orchestrator.observe.report.tables import config_labels
 
 

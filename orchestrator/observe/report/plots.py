@@ -8,8 +8,9 @@ as a panel that says "not recorded": a missing value is never plotted as 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 import numpy as np

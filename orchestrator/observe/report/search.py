@@ -21,7 +21,8 @@ core counts (``search_grid_cores``) as params (``orchestrator.control.search``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 

@@ -7,8 +7,9 @@ raises costs only that section, never the report: the page names the section and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 

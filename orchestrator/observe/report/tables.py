@@ -16,14 +16,15 @@ the mean over a cell's completed repeats.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from orchestrator.observe import stats
-from orchestrator.observe.report.comparison import CONFIG, COLUMNS, TIMEOUT_MAJORITY, comparison
+from orchestrator.observe.report.comparison import COLUMNS, CONFIG, TIMEOUT_MAJORITY, comparison
 
 QUANTILES = (0.5, 0.9, 0.99)
 RECORD_COLUMNS = ("status", "scheduled_ns", "sent_ns", "first_token_ns", "end_ns", "completion_tokens")

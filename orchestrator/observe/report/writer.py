@@ -35,13 +35,22 @@ from orchestrator.observe.analysis.knee import decode_needs_more, estimate_knee
 from orchestrator.observe.report import plots, search
 from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
 from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
-from orchestrator.observe.report.sections import extras_for
 from orchestrator.observe.report.html import Page, Section, render
+from orchestrator.observe.report.sections import extras_for
+from orchestrator.observe.report.tables import (
+    ReportOptions,
+    aggregated_table,
+    config_labels,
+    configurations,
+    heatmap_table,
+    knee,
+    knee_windows,
+    merge_slo,
+    tpot_values,
+    trial_table,
+)
 from orchestrator.observe.time_use import describe_time_use
 from orchestrator.values.sweep_spec import SweepSpec
-from orchestrator.observe.report.tables import (ReportOptions, aggregated_table, config_labels, configurations,
-                                                heatmap_table, knee, knee_windows, merge_slo, tpot_values,
-                                                trial_table)
 
 log = logging.getLogger(__name__)
 CSVS = {"aggregated": "aggregated.csv", "trials": "trials.csv", "heatmap": "heatmap.csv",
@@ -233,7 +242,6 @@ def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opt
     if data.parent_run_id is None:
         return Published(files, data, warning=f"sweep {sweep!r} has no parent run in MLflow to log the report to")
     from mlflow import MlflowClient
-
     from orchestrator.observe.tracking import log_report
 
     try:

@@ -11,16 +11,14 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-
 from itest import LAST_CORE, scratch_dir, tiny_trial
 
 
 @pytest.fixture(scope="package")
-def tiny_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Iterator["VllmReplica"]:  # noqa: F821
+def tiny_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Iterator[VllmReplica]:  # noqa: F821
     from orchestrator.infra.net import port_is_free
-    from orchestrator.node.replica import VllmReplica, free_port
-
     from orchestrator.node.gpu_profile import profiler_launch
+    from orchestrator.node.replica import VllmReplica, free_port
 
     work = tmp_path_factory.mktemp("shared-replica")
     args, env = profiler_launch(work / "gpu-profile")  # test_gpu_profile's captures; idle until asked

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from itest import CLIENT_CORES
 
 from orchestrator.node.replica import VllmReplica

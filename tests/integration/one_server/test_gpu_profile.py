@@ -26,7 +26,7 @@ class Load:
         self.base_url, self.done, self.ok, self.errors = base_url, threading.Event(), 0, []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         self.thread.start()
         return self
 

@@ -2,10 +2,9 @@
 
 import pytest
 
-from orchestrator.values.trial import TrialSpec
-from orchestrator.node.replica import (MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths,
-                                        server_env)
+from orchestrator.node.replica import MULTICAST_OFF_ENV, VLLM_SERVE_SHIM, build_vllm_command, scratch_paths, server_env
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.trial import TrialSpec
 from workloads.spec import AgenticWorkload
 
 

@@ -13,15 +13,25 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
 
 from orchestrator.node.cores import format_cpulist
-from orchestrator.node.restrict import (Restriction, RestrictionError, choose_mode, detect_layout, process_cgroup,
-                                   parse_cpu_stat, read_quota, throttling, verify_self, verify_tree)
+from orchestrator.node.restrict import (
+    Restriction,
+    RestrictionError,
+    choose_mode,
+    detect_layout,
+    parse_cpu_stat,
+    process_cgroup,
+    read_quota,
+    throttling,
+    verify_self,
+    verify_tree,
+)
 
 # A parent with 3 threads and a child with 2 threads; "busy" makes the parent's threads spin.
 TREE = r'''
@@ -243,8 +253,8 @@ def test_empty_set_refused() -> None:
 def test_one_class_per_mode_and_the_list_once():
     import typing
 
-    from orchestrator.node.restrict import MODES, Affinity, Cpuset, Quota, mode_of
     from orchestrator.node.replica import omp_bind
+    from orchestrator.node.restrict import MODES, Affinity, Cpuset, Quota, mode_of
     from orchestrator.values.sweep_spec import RestrictionMode
 
     assert tuple(MODES) == typing.get_args(RestrictionMode)

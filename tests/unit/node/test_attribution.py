@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.node.attribution import (ROLES, ProcDesc, ProcReading, RoleAccounting, Snapshot, ThreadReading,
-                                           classify, role_window)
+from orchestrator.node.attribution import (
+    ROLES,
+    ProcDesc,
+    ProcReading,
+    RoleAccounting,
+    Snapshot,
+    ThreadReading,
+    classify,
+    role_window,
+)
 
 SHIM = ("/venv/bin/python", "-c", "import importlib.metadata as m, sys\n...", "serve", "/models/tiny")
 WATCHDOG = ("/venv/bin/python", "-S", "-c", "import os, select, signal, sys, time\nfd, grace, cmd = ...")

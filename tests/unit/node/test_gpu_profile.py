@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.gpu_profile import (GpuProfileCapture, no_gpu_status, parse_version, profiler_args,
-                                           profiler_config, profiler_launch, reduce_trace, reduce_traces)
+from orchestrator.node.gpu_profile import (
+    GpuProfileCapture,
+    no_gpu_status,
+    parse_version,
+    profiler_args,
+    profiler_config,
+    profiler_launch,
+    reduce_trace,
+    reduce_traces,
+)
 
 
 def x(cat: str, name: str, ts: float, dur: float, **args: object) -> dict[str, object]:

@@ -13,16 +13,36 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.values.results import ErrorKind
 from orchestrator.node.cores import format_cpulist, parse_cpulist
 from orchestrator.node.replica import ReplicaError, build_vllm_command
-from orchestrator.node.serve_host import (APP_NAME, CGROUP_ENV, CPUS_ENV, HOOK, classify, engine_kwargs, host_spec,
-                                          llm_config, parse_cli_args, placement_bundles, process_name, process_sets,
-                                          replica_names, roots)
-from orchestrator.node.serve_replica import (OUTER_RAY_ENV, PROJECT_ROOT, ServeReplica, frontend_cpus, host_env,
-                                             merge, verify_pids)
-from orchestrator.values.trial import TrialSpec
+from orchestrator.node.serve_host import (
+    APP_NAME,
+    CGROUP_ENV,
+    CPUS_ENV,
+    HOOK,
+    classify,
+    engine_kwargs,
+    host_spec,
+    llm_config,
+    parse_cli_args,
+    placement_bundles,
+    process_name,
+    process_sets,
+    replica_names,
+    roots,
+)
+from orchestrator.node.serve_replica import (
+    OUTER_RAY_ENV,
+    PROJECT_ROOT,
+    ServeReplica,
+    frontend_cpus,
+    host_env,
+    merge,
+    verify_pids,
+)
+from orchestrator.values.results import ErrorKind
 from orchestrator.values.sweep_spec import ClientSpec, ServerSpec, ShapeModel, VllmVariant
+from orchestrator.values.trial import TrialSpec
 from workloads.spec import AgenticWorkload
 
 NODE = frozenset(os.sched_getaffinity(0))

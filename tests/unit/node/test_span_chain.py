@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import Remote, TickClock, agentic_trial
 
 from orchestrator.control.measure import Window, WindowSequence
 from orchestrator.node import replica_actor as actors
@@ -31,8 +32,6 @@ from orchestrator.values.results import TrialStatus
 from orchestrator.values.wire import CoreGrant, ReplicaUp
 from workloads.records import RequestRecord
 from workloads.run_workload import WorkloadRun
-
-from fakes import Remote, TickClock, agentic_trial
 
 NS = 1_000_000_000
 TICK = 0.1  # the clock's step, and the host sampling period
@@ -167,7 +166,7 @@ class FakeVllm:
     def verify(self) -> Verification:
         return Verification(True, "affinity", "0-1", 3, 3)
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Node) -> None:
         self.cpu_stat = node.cpu_stat
 
 

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.node.stack_categories import (CATEGORIES, Stack, apportion, by_role, categorize, category_metrics,
-                                                normalize_labels, parse_collapsed, render_collapsed)
+from orchestrator.node.stack_categories import (
+    CATEGORIES,
+    Stack,
+    apportion,
+    by_role,
+    categorize,
+    category_metrics,
+    normalize_labels,
+    parse_collapsed,
+    render_collapsed,
+)
 
 BOOT = ("Thread._bootstrap (threading.py:1002)", "Thread._bootstrap_inner (threading.py:1045)",
         "Thread.run (threading.py:982)")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node.attribution import RoleUsage, RoleWindow
-from orchestrator.node.stacks import StackSampler, coverage, py_spy_command, roles_from_labels
 from orchestrator.node.stack_categories import parse_collapsed
+from orchestrator.node.stacks import StackSampler, coverage, py_spy_command, roles_from_labels
 
 RAW = (
     'process 10:"/venv/bin/python -c import x\nserve = 1";thread (10): MainThread;'

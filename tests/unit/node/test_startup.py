@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node.startup import (compile_cache_entries, compile_cache_state, first_start, last_start,
-                                       parse_startup, read_log, startup_record)
+from orchestrator.node.startup import (
+    compile_cache_entries,
+    compile_cache_state,
+    first_start,
+    last_start,
+    parse_startup,
+    read_log,
+    startup_record,
+)
 
 DATA = Path(__file__).parent / "data"
 CPU_COLD = (DATA / "vllm-cpu-startup.log").read_text()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.node.window_figures import span_bounds, window_series
 from orchestrator.node.telemetry import rows_in_span
+from orchestrator.node.window_figures import span_bounds, window_series
 from orchestrator.values.wire import WindowSpan
 
 

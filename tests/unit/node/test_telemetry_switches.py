@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.values.trial import TrialSpec
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import SpecError, parse_spec
 from orchestrator.values.sweep_spec import TelemetrySpec
+from orchestrator.values.trial import TrialSpec
 
 
 def spec(**telemetry: object) -> dict[str, object]:

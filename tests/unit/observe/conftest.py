@@ -83,10 +83,10 @@ def outbox_sweep(box, records_for_trial, *, name: str = "box-sweep", cores=(1, 2
     """An outbox holding one sweep as the tracker leaves it when MLflow is down: ``sweep.json`` and one committed
     entry per trial (``outbox.trial_payload`` + ``stage_trial`` + ``commit``); the last core count's trial fails
     with startup_timeout when ``records_for_trial`` returns None for it. Returns the plan."""
-    from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
     from orchestrator.observe import outbox
     from orchestrator.plan.expand import expand
     from orchestrator.plan.load import parse_spec
+    from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
     from workloads.metrics import summarize
 
     plan = expand(parse_spec({

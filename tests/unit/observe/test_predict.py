@@ -6,8 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.observe.analysis.predict import (KneeModel, cannot_fit, closed_residence_s, default_threads, fit,
-                                                   holdout, knee_of, open_residence_s, rule_of_thumb_cores)
+from orchestrator.observe.analysis.predict import (
+    KneeModel,
+    cannot_fit,
+    closed_residence_s,
+    default_threads,
+    fit,
+    holdout,
+    knee_of,
+    open_residence_s,
+    rule_of_thumb_cores,
+)
 
 TRUE = {"gpu_s": 0.15, "cpu_s": 0.07, "threads": 3, "requests": 16, "decode_s": 0.75}
 

@@ -7,11 +7,20 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.observe.provisioning import cli as provisioning_cli
-from orchestrator.observe.provisioning.cluster_traces import combine, load_trace
-from orchestrator.observe.provisioning.analysis import (cdf_figure, cdf_table, ecdf, median, render_shares,
-                                                        render_starvation, share_below, shares_table,
-                                                        starvation_table, sweep_knees)
+from orchestrator.observe.provisioning.analysis import (
+    cdf_figure,
+    cdf_table,
+    ecdf,
+    median,
+    render_shares,
+    render_starvation,
+    share_below,
+    shares_table,
+    starvation_table,
+    sweep_knees,
+)
 from orchestrator.observe.provisioning.cli import provisioning
+from orchestrator.observe.provisioning.cluster_traces import combine, load_trace
 
 POD_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
               "scheduled_time")
@@ -108,10 +117,10 @@ def test_summary_without_cores_answers_nothing_but_is_shown(tmp_path):
 
 
 def _comparison(gpus, ttft):
-    from orchestrator.values.results import TrialResult, TrialStatus
     from orchestrator.observe.report.comparison import comparison, results_frame
     from orchestrator.plan.expand import expand
     from orchestrator.plan.load import parse_spec
+    from orchestrator.values.results import TrialResult, TrialStatus
 
     p = expand(parse_spec({"name": "t", "models": [{"name": "m", "shape": "tiny-llama"}],
                            "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],

@@ -9,8 +9,14 @@ import pandas as pd
 import pytest
 
 from orchestrator.observe import outbox
-from orchestrator.observe.report.data import (ReportInputError, first_slo, from_outbox, pending_note, read_records,
-                                              slo_of)
+from orchestrator.observe.report.data import (
+    ReportInputError,
+    first_slo,
+    from_outbox,
+    pending_note,
+    read_records,
+    slo_of,
+)
 from orchestrator.observe.report.tables import Slo
 from orchestrator.observe.report.writer import load_sweep
 from workloads.records import records_to_frame

@@ -8,8 +8,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.observe.report.tables import (ReportOptions, Slo, aggregated_table, config_labels, configurations,
-                                                heatmap_table, knee, merge_slo, slo_goodput, trial_table, ttft_values)
+from orchestrator.observe.report.tables import (
+    ReportOptions,
+    Slo,
+    aggregated_table,
+    config_labels,
+    configurations,
+    heatmap_table,
+    knee,
+    merge_slo,
+    slo_goodput,
+    trial_table,
+    ttft_values,
+)
 from workloads.metrics import duration_s, goodput_count
 from workloads.records import frame_to_records
 

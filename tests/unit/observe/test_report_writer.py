@@ -16,6 +16,7 @@ from orchestrator.observe.report.data import SweepData
 from orchestrator.observe.report.tables import ReportOptions, Slo
 from orchestrator.observe.report.writer import write_report
 
+
 class _Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -168,8 +169,8 @@ def test_the_report_command_names_what_is_missing(tmp_path: Path, monkeypatch):
 
 
 def test_a_sweeps_report_failure_is_a_warning_line(tmp_path: Path):
-    from orchestrator.plan.load import parse_spec
     from orchestrator.observe.report.writer import write_sweep_report
+    from orchestrator.plan.load import parse_spec
 
     spec = parse_spec({"name": "gone", "models": [{"name": "m", "shape": "tiny-llama"}],
                        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],

@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.observe.time_use import (PHASES, LeaseTimeline, Span, between_leases, lease_share, phase_seconds,
-                                           share_metrics, timeline_from_events, unit_shares)
+from orchestrator.observe.time_use import (
+    PHASES,
+    LeaseTimeline,
+    Span,
+    between_leases,
+    lease_share,
+    phase_seconds,
+    share_metrics,
+    timeline_from_events,
+    unit_shares,
+)
 
 A1 = timeline_from_events("a1", [("start", 0), ("ready", 200), ("warmup", 205), ("warmup_end", 215),
                                  ("window", 220), ("window_end", 262), ("crosscheck", 265), ("crosscheck_end", 280),

@@ -3,10 +3,10 @@
 import pytest
 
 from orchestrator.control.controller import SweepController
-from orchestrator.plan.expand import expand
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.load import parse_spec
 from orchestrator.control.trial import IllegalTransition, Trial, TrialState
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 
 
 def plan(max_failures=1):

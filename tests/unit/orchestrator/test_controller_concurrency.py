@@ -20,10 +20,10 @@ from collections import Counter
 import pytest
 
 from orchestrator.control.controller import WRITER_THREAD, SweepController
-from orchestrator.plan.expand import chain_key, chains, expand, replica_key, start_key
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
-from orchestrator.plan.load import parse_spec
 from orchestrator.control.trial import TrialState
+from orchestrator.plan.expand import chain_key, chains, expand, replica_key, start_key
+from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 
 DUR = 0.2
 WAIT = 10.0  # upper bound on a barrier or event wait: a passing test never waits this long
@@ -46,7 +46,7 @@ def plan(*args, **kw):
 
 
 class FakeLane:
-    def __init__(self, ex: "LaneExecutor", name: str) -> None:
+    def __init__(self, ex: LaneExecutor, name: str) -> None:
         self.ex, self.name = ex, name
         self.closed = 0
 

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 from mlflow import MlflowClient
-
 from orchestrator.control.controller import SweepController
 from orchestrator.control.search import ConfigSearch, SearchTrial, config_key, from_history, from_result
 from orchestrator.control.trial import TrialState
@@ -20,8 +19,14 @@ from orchestrator.observe import stats
 from orchestrator.observe.analysis.knee import estimate_knee
 from orchestrator.observe.outbox import records_frame
 from orchestrator.observe.report.comparison import results_frame
+from orchestrator.observe.report.tables import (
+    ReportOptions,
+    aggregated_table,
+    configurations,
+    knee_windows,
+    trial_table,
+)
 from orchestrator.observe.tracking import MlflowTracker, parent_run, trial_runs
-from orchestrator.observe.report.tables import ReportOptions, aggregated_table, configurations, knee_windows, trial_table
 from orchestrator.plan.expand import expand
 from orchestrator.plan.knee_search import Stop
 from orchestrator.plan.load import parse_spec

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from orchestrator.control.controller import WRITER_THREAD, SweepController, _Writer
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 from orchestrator.control.trial import TrialState
 from orchestrator.plan.expand import chains, expand
 from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 
 WAIT = 5.0  # generous upper bound on any event wait; a passing test never waits this long
 

@@ -4,11 +4,9 @@ steps, the stop rules and the budget."""
 from __future__ import annotations
 
 import pytest
-
-from orchestrator.plan.knee_search import (Reason, Stop, budget_stop, gpu_seconds, next_cores,
-                                           relative_half_width)
 from fakes import GRID, Est
 
+from orchestrator.plan.knee_search import Reason, Stop, budget_stop, gpu_seconds, next_cores, relative_half_width
 
 NONE = Est(None, None, None)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from fakes import GRID, Est
 
 from orchestrator.plan.knee_search import Reason, Stop, next_cores, relative_half_width
-from fakes import GRID, Est
 
 
 def test_a_count_with_no_windows_yet_is_not_measured():

@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import Remote, TickClock, agentic_trial
 
 from orchestrator.control.measure import STEPS, Window, WindowSequence, order_label, order_of
-from orchestrator.values.results import ErrorKind, TrialFailure, TrialStatus
-from orchestrator.values.wire import BareRun, CoreGrant, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
-from orchestrator.node.window_figures import window_series
 from orchestrator.node.restrict import Verification
 from orchestrator.node.telemetry import TelemetrySampler
+from orchestrator.node.window_figures import window_series
 from orchestrator.observe.summary import summarize_series
+from orchestrator.values.results import ErrorKind, TrialFailure, TrialStatus
+from orchestrator.values.wire import BareRun, CoreGrant, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
 from workloads.records import RequestRecord
 from workloads.run_workload import WorkloadRun
-
-from fakes import Remote, TickClock, agentic_trial
 
 NS = 1_000_000_000
 OK = Verification(True, "affinity", "0", 1, 1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan.models import ModelError, tokenizer_file
 from orchestrator.node.workload_actor import localize
+from orchestrator.plan.models import ModelError, tokenizer_file
 
 
 def test_a_trace_is_written_node_local_by_its_hash_and_the_spec_points_there(tmp_path: Path, monkeypatch):

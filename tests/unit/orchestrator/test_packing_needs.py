@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.node.cores import CoreAllocator, NodeTopology
 from orchestrator.control.placement import Node, NodeBook
-from orchestrator.plan.expand import expand
 from orchestrator.control.ray_executor import need_of
+from orchestrator.node.cores import CoreAllocator, NodeTopology
+from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
 
 

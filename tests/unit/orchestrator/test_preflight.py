@@ -21,10 +21,10 @@ from click.testing import CliRunner
 
 from orchestrator import cli
 from orchestrator.plan import preflight as pf
-from orchestrator.values.shapes import LLAMA3, QWEN3
+from orchestrator.plan.load import SpecError, load_spec
 from orchestrator.plan.models import ModelError
 from orchestrator.values.results import ErrorKind
-from orchestrator.plan.load import SpecError, load_spec
+from orchestrator.values.shapes import LLAMA3, QWEN3
 
 ROOT = Path(__file__).resolve().parents[3]
 GOOD = {"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [1, 2]}
@@ -265,11 +265,11 @@ def test_an_impossible_agentic_workload_is_an_input_error(tmp_path):
 # ---------------------------------------------------------------- the Ray boundary
 
 def _boundary_exceptions():
+    from orchestrator.infra.local_servers import ServiceError
     from orchestrator.node.cores import CannotFit
-    from orchestrator.values.results import TrialFailure
     from orchestrator.node.replica import ReplicaError
     from orchestrator.node.restrict import RestrictionError
-    from orchestrator.infra.local_servers import ServiceError
+    from orchestrator.values.results import TrialFailure
     from workloads.bare import BareError
     from workloads.corpus import CorpusError
     from workloads.loaders import TraceError

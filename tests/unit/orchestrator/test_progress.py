@@ -12,8 +12,16 @@ from orchestrator.control.controller import SweepController
 from orchestrator.control.trial import Trial, TrialState
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
-from orchestrator.progress import (PHASE_LABELS, SweepDisplay, SweepState, duration, eta_s, status_lines, warning_key,
-                                   warning_lines)
+from orchestrator.progress import (
+    PHASE_LABELS,
+    SweepDisplay,
+    SweepState,
+    duration,
+    eta_s,
+    status_lines,
+    warning_key,
+    warning_lines,
+)
 from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 
 

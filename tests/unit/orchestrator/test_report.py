@@ -2,10 +2,10 @@
 
 import math
 
-from orchestrator.plan.expand import expand
 from orchestrator.observe.report.comparison import comparison, render, results_frame
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 
 
 def test_speedup_and_knee():

@@ -65,9 +65,8 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
     """)
     try:
         _wait_line(child, "locked")
-        with pytest.raises(HomeBusy) as busy:
-            with home_lock(tmp_path):
-                pass
+        with pytest.raises(HomeBusy) as busy, home_lock(tmp_path):
+            pass
         assert busy.value.holder["pid"] == child.pid
         assert f"pid {child.pid}" in str(busy.value)
     finally:
@@ -81,10 +80,8 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_dead_holders_lock_is_ta
 
 
 def test_the_lock_is_exclusive_within_one_process_too(tmp_path: Path):
-    with home_lock(tmp_path):
-        with pytest.raises(HomeBusy):
-            with home_lock(tmp_path):
-                pass
+    with home_lock(tmp_path), pytest.raises(HomeBusy), home_lock(tmp_path):
+        pass
 
 
 # ---------------------------------------------------------------- survivors

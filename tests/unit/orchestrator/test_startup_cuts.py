@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from orchestrator.control.ray_executor import RayTrialExecutor
-from orchestrator.node.window_figures import profile_delay
 from orchestrator.node.replica import build_vllm_command, inherited_env, server_env
 from orchestrator.node.serve_replica import host_env
+from orchestrator.node.window_figures import profile_delay
 from orchestrator.observe.report.comparison import calibration
 from orchestrator.plan.expand import chains, expand, match_load_sizes
 from orchestrator.plan.load import SpecError, parse_spec

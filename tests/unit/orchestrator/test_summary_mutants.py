@@ -7,8 +7,15 @@ import math
 
 import pytest
 
-from orchestrator.observe.summary import (FOREIGN_WARN, LOAD_GAP, crosscheck_load, crosscheck_metrics, in_flight_mean,
-                                          summarize_series, summarize_trial)
+from orchestrator.observe.summary import (
+    FOREIGN_WARN,
+    LOAD_GAP,
+    crosscheck_load,
+    crosscheck_metrics,
+    in_flight_mean,
+    summarize_series,
+    summarize_trial,
+)
 from workloads.bare import crosscheck_ratio
 from workloads.records import RequestRecord
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.observe import outbox
-from orchestrator.values.trial import SweepPlan
 from orchestrator.plan.expand import expand
-from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 from orchestrator.plan.load import parse_spec
+from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
+from orchestrator.values.trial import SweepPlan
 from workloads.records import RequestRecord
 
 

@@ -8,8 +8,14 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from orchestrator.node.telemetry import (MetricsSnapshot, TelemetrySampler, delta, histogram_quantile,
-                                         open_gpu_reader, parse_metrics)
+from orchestrator.node.telemetry import (
+    MetricsSnapshot,
+    TelemetrySampler,
+    delta,
+    histogram_quantile,
+    open_gpu_reader,
+    parse_metrics,
+)
 from orchestrator.observe.summary import summarize_series
 
 MODEL = "/models/tiny-llama"

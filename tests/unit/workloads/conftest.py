@@ -14,9 +14,10 @@ import os
 import selectors
 import socket
 import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Coroutine
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -221,7 +222,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await _finish(resp, behaviour, prompt_tokens, n)
 
 
-async def _finish(resp: web.StreamResponse, behaviour: "ServerBehaviour", prompt_tokens: int,
+async def _finish(resp: web.StreamResponse, behaviour: ServerBehaviour, prompt_tokens: int,
                   n: int) -> web.StreamResponse:
     """The final usage chunk (cached tokens if the behaviour reports them), then ``[DONE]``."""
     usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
@@ -290,7 +291,7 @@ class ServerThread:
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("test server did not start")

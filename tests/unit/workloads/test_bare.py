@@ -14,8 +14,8 @@ import pytest
 
 from workloads.bare import BareClient, crosscheck_ratio, parse_cpus, percentile
 from workloads.loaders import generate_agentic, load_sessions
-from workloads.run_workload import run_workload_sync
 from workloads.records import frame_to_records, records_to_frame
+from workloads.run_workload import run_workload_sync
 from workloads.spec import AgenticWorkload, MooncakeWorkload, RecordedWorkload, StructuredOutput, TokenRange, ToolSchema
 from workloads.text import bundled_tokenizer_path
 
@@ -153,10 +153,8 @@ def test_chat_sessions_replay_the_recorded_history(sse_server, tmp_path: Path, m
     assert all(b["min_tokens"] == b["max_tokens"] and b["ignore_eos"] is True and b["temperature"] == 0 for b in seen)
     assert all(b["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} for b in seen)
     # Trace mode carries the recorded answers; live mode the fake server's own answer, " ans" once per forced token.
-    if mode == "trace":
-        answer = lambda k, turn: turn.recorded_answer  # noqa: E731
-    else:
-        answer = lambda k, turn: " ans" * turn.output_tokens  # noqa: E731
+    answer = (lambda k, turn: turn.recorded_answer) if mode == "trace" else (  # noqa: E731
+        lambda k, turn: " ans" * turn.output_tokens)
     want = expected_histories(spec, answer)
     sent = by_history(seen)
     for sid, per_turn in want.items():

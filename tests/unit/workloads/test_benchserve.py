@@ -18,9 +18,24 @@ import psutil
 import pytest
 
 from orchestrator.plan.models import build_shape
-from workloads.benchserve import (RESULT_FILE, VLLM_CLI_SHIM, BenchServeError, BenchServeFailure, BenchServeRun, Item,
-                                  chat_renderer, child_env, command, dataset_rows, parse_result, read_items,
-                                  run_bench_serve, summary, turn_of, window_items)
+from workloads.benchserve import (
+    RESULT_FILE,
+    VLLM_CLI_SHIM,
+    BenchServeError,
+    BenchServeFailure,
+    BenchServeRun,
+    Item,
+    chat_renderer,
+    child_env,
+    command,
+    dataset_rows,
+    parse_result,
+    read_items,
+    run_bench_serve,
+    summary,
+    turn_of,
+    window_items,
+)
 from workloads.loaders import generate_agentic, load_sessions
 from workloads.loadgen import ClosedLoop, LoadGenerator
 from workloads.spec import AgenticWorkload, RecordedWorkload, TokenRange

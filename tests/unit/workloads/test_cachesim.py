@@ -8,8 +8,14 @@ import random
 import pytest
 
 from workloads.cachesim import (
-    SentRequest, cached_tokens, ideal_after_prefill_hit_rate, ideal_hits, ideal_unbounded_hit_rate, known_requests,
-    replay_fidelity, segments_for,
+    SentRequest,
+    cached_tokens,
+    ideal_after_prefill_hit_rate,
+    ideal_hits,
+    ideal_unbounded_hit_rate,
+    known_requests,
+    replay_fidelity,
+    segments_for,
 )
 from workloads.loaders import generate_agentic
 from workloads.records import RequestRecord

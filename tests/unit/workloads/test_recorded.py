@@ -14,8 +14,8 @@ import pytest
 import zstandard
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.values.shapes import CHATML_TEMPLATE, LLAMA3, QWEN3
 from orchestrator.plan.models import _ensure_chat_template
+from orchestrator.values.shapes import CHATML_TEMPLATE, LLAMA3, QWEN3
 from workloads.client import StreamingClient
 from workloads.loaders import TraceError, load_sessions
 from workloads.loaders.recorded import estimate_tokens

@@ -17,8 +17,15 @@ import time
 import pytest
 
 from workloads import corpus
-from workloads.text import (AGENT_MIX, TEXT_STYLES, TextFactory, _pieces, reference_text, stable_id,
-                            tokenize_cost_ms_per_1k)
+from workloads.text import (
+    AGENT_MIX,
+    TEXT_STYLES,
+    TextFactory,
+    _pieces,
+    reference_text,
+    stable_id,
+    tokenize_cost_ms_per_1k,
+)
 
 REAL = tuple(s for s in TEXT_STYLES if s != "uniform")
 

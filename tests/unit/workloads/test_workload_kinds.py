@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from workloads.loaders import KINDS, in_flight, kind_of, load_sessions, text_style, trace_path
-from workloads.run_workload import strategy_for
 from workloads.loadgen import ClosedLoop, OpenLoop
+from workloads.run_workload import strategy_for
 from workloads.spec import AgenticWorkload, AzureWorkload, MooncakeWorkload, RecordedWorkload, WorkloadSpec
 
 AGENTIC = AgenticWorkload(name="a", sessions=2, turns=2, concurrency=3, text_style="code")
