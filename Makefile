@@ -53,7 +53,7 @@ smoke: install
 # core, the other integration tests on the first core only. TEST_LANES=1 runs one pytest process.
 test: install browser $(LLAMA3_JSON)
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
-	$(BIN)/python -m mypy  # pyproject.toml [tool.mypy]: every module, orchestrator.values strictly
+	$(BIN)/python -m mypy  # pyproject.toml [tool.mypy]: every module; values, plan and control strictly
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25
 
 unit: install $(LLAMA3_JSON)

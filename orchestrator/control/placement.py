@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Policy = Literal["exclusive", "packed"]
 ACCEL_LABEL = "ray.io/accelerator-type"
@@ -35,7 +35,7 @@ class Node:
     hardware: frozenset[str] = frozenset()  # accelerator types: labels and accelerator_type:X resources
 
     @classmethod
-    def from_ray(cls, info: dict) -> Node:
+    def from_ray(cls, info: dict[str, Any]) -> Node:
         res, labels = info.get("Resources", {}) or {}, info.get("Labels", {}) or {}
         kinds = {k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")}
         if labels.get(ACCEL_LABEL):

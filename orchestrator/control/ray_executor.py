@@ -87,7 +87,8 @@ PHASE_OF_EVENT: dict[str, Phase] = {"start": "starting", "repin": "repinning", "
 
 def _inventory() -> list[Node]:
     """The cluster's alive nodes that can run trials (a head with ``CPU: 0`` cannot)."""
-    return [Node.from_ray(n) for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]  # Ray's API is untyped
+    return [Node.from_ray(n) for n in nodes if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
 
 
 @dataclass
@@ -364,6 +365,7 @@ class RayTrialExecutor:
             lease.grants[f"{trial.trial_id}/replica"] = frozenset(alloc.replica)
             if alloc.client_isolated:  # a shared client's cores are the replica's (or not held at all)
                 lease.grants[f"{trial.trial_id}/client"] = frozenset(alloc.client)
+        assert isinstance(alloc, CoreGrant), f"the core agent answered {type(alloc).__name__}"
         return alloc
 
     def _bring_up(self, trial: TrialSpec, lease: _Lease, cores: list[int], sized_for: list[int] | None = None) -> ReplicaUp:
@@ -378,6 +380,7 @@ class RayTrialExecutor:
             raise TrialFailure(ErrorKind(up.kind), up.message)
         lease.mark("ready" if fresh else "repinned")
         lease.started = True
+        assert isinstance(up, ReplicaUp), f"the replica actor answered {type(up).__name__}"
         return up
 
     def measure(self, trial: TrialSpec, tdir: Path, lease: _Lease, started: float) -> TrialResult:
@@ -436,7 +439,7 @@ class RayTrialExecutor:
         finally:
             self.references.record(trial, claim, ratio)
 
-    def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict,
+    def failed(self, trial: TrialSpec, tdir: Path, kind: ErrorKind, message: str, facts: dict[str, Any],
                started: float) -> TrialResult:
         """A FAILED result of ``kind``, with ``error.txt`` in the attempt's folder."""
         (tdir / "error.txt").write_text(f"{kind.value}: {message}\n")

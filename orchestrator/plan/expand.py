@@ -11,7 +11,7 @@ import itertools
 import random
 from typing import Any
 
-from orchestrator.values.sweep_spec import SweepSpec
+from orchestrator.values.sweep_spec import RestrictionMode, StartMode, SweepSpec
 from orchestrator.values.trial import SweepPlan, TrialSpec, trial_hash
 from workloads.loaders import in_flight  # the most requests a workload keeps in flight (its kind's field)
 
@@ -43,8 +43,8 @@ def expand(spec: SweepSpec) -> SweepPlan:
         return server.model_copy(update={"stack": stack, "serve_frontend": "inside"}
                                  if stack != "ray-serve" else {"stack": stack})
 
-    def trial(model, hw, gpus, variant, api_servers, stack, workload, start, restriction, repeat,
-              cores) -> TrialSpec:
+    def trial(model: Any, hw: str, gpus: int, variant: Any, api_servers: int, stack: str, workload: Any,
+              start: StartMode, restriction: RestrictionMode, repeat: int, cores: int) -> TrialSpec:
         return TrialSpec(
             sweep=spec.name, model=model, hardware=hw, gpus=gpus, cores=cores, restriction=restriction,
             start=start, vllm=variant, workload=workload, server=server_for(stack), client=spec.client,
