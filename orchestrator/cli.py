@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrator.plan.models import ModelError, build_shape
+from orchestrator.values.shapes import SHAPES
+
 if TYPE_CHECKING:
     from rich.console import Console
 # Dependencies whose deprecation notices are for their own maintainers, not for a sweep's user (a
@@ -35,7 +38,7 @@ HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env 
 @functools.cache
 def _console() -> Console:
     """The commands' console, made on first use (rich is imported then)."""
-    from rich.console import Console
+    from rich.console import Console  # heavy: rich stays off --help (test_preflight checks)
 
     return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
 
@@ -57,7 +60,7 @@ class InputError(click.ClickException):
 
 
 def _load(path: str):
-    from orchestrator.plan.load import SpecError, load_spec
+    from orchestrator.plan.load import SpecError, load_spec  # heavy: pydantic's sweep models stay off --help
 
     try:
         return load_spec(path)
@@ -134,6 +137,7 @@ def _exit_of(code_fn) -> None:
 @click.argument("sweep", type=click.Path(dir_okay=False))
 def plan(sweep: str) -> None:
     """Print the trials of SWEEP without starting anything (after checking the files it reads)."""
+    # heavy: rich and the sweep's pydantic models stay off --help
     from rich.table import Table
 
     from orchestrator.plan.expand import expand
@@ -167,7 +171,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
     Trials run concurrently, as many as the cluster holds under the sweep's placement policy
     (one per node by default), capped by --max-concurrent. The sweep's files are checked first
     (orchestrator.plan.preflight); with an input error nothing starts and the exit code is 2."""
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep import run_sweep  # heavy: Ray, MLflow, pandas stay off --help and plan
 
     spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=_console(), resume=not fresh_sweep))
@@ -180,7 +184,7 @@ def run(sweep: str, home: str | None, fresh_sweep: bool, max_concurrent: int | N
               help="Most trials in flight at once (overrides the sweep's max_concurrent_trials).")
 def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
     """Run the trials of SWEEP that have not finished yet (same as `run`)."""
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep import run_sweep  # heavy: Ray, MLflow, pandas stay off --help and plan
 
     spec = _with_cap(_load(sweep), max_concurrent)
     _exit_of(lambda: run_sweep(spec, Path(sweep), _home(home), console=_console(), resume=True))
@@ -190,7 +194,7 @@ def resume(sweep: str, home: str | None, max_concurrent: int | None) -> None:
 @click.option("--home", default=None, help=HOME_HELP)
 def sync(home: str | None) -> None:
     """Upload results kept in the local outbox while MLflow was unreachable."""
-    from orchestrator.observe.tracking import sync_outbox
+    from orchestrator.observe.tracking import sync_outbox  # heavy: MLflow stays off --help
 
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
@@ -224,6 +228,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     Trials come from MLflow (MLFLOW_TRACKING_URI, or the local store), or from the local outbox when
     MLflow is unreachable or has none; a report built from MLflow is also logged to the sweep's
     parent run (artifacts under report/)."""
+    # heavy: pandas, matplotlib (the report) and psutil (local_servers) stay off --help
     from orchestrator.infra.local_servers import ServiceError, free_port, mlflow_server
     from orchestrator.observe.report.comparison import costs
     from orchestrator.observe.report.console import print_tables
@@ -281,7 +286,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
 @click.option("--port", default=5000, show_default=True)
 def ui(home: str | None, port: int) -> None:
     """Serve the local MLflow store (the one `run` wrote) at http://127.0.0.1:PORT until Ctrl-C."""
-    from orchestrator.infra.local_servers import mlflow_server
+    from orchestrator.infra.local_servers import mlflow_server  # heavy: psutil and the lifeline stay off --help
 
     h = _home(home) / "mlflow"
     if not (h / "mlflow.db").exists():
@@ -304,8 +309,6 @@ def model() -> None:
 @model.command("list")
 def model_list() -> None:
     """List the built-in shapes."""
-    from orchestrator.values.shapes import SHAPES
-
     for s in SHAPES.values():
         _console().print(f"{s.name:16} {s.description}")
 
@@ -315,8 +318,6 @@ def model_list() -> None:
 @click.argument("dest", type=click.Path(file_okay=False))
 def model_build(shape: str, dest: str) -> None:
     """Write the model folder for SHAPE into DEST."""
-    from orchestrator.plan.models import ModelError, build_shape
-
     try:
         path = build_shape(shape, dest)
     except ModelError as exc:

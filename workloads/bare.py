@@ -51,8 +51,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from pydantic import TypeAdapter, ValidationError
 
+from .loaders import TraceError, in_flight, load_sessions, text_style
+from .spec import WorkloadSpec
 from .structured import length_fields
+from .text import TextFactory, load_tokenizer
 from .trace import ResponseFormat
 
 _NS = 1e9
@@ -114,10 +118,6 @@ def pin(cpus: set[int]) -> None:
 
 def load_workload(path: str) -> Any:
     """The workload spec from a JSON file (the trial's ``workload``), or BareError saying why not."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from .spec import WorkloadSpec
-
     try:
         return TypeAdapter(WorkloadSpec).validate_json(Path(path).read_bytes())
     except OSError as exc:
@@ -128,9 +128,6 @@ def load_workload(path: str) -> Any:
 
 def prepare(spec: Any, tokenizer: str) -> tuple[Any, list[Any]]:
     """The product's text factory and sessions for ``spec``."""
-    from .loaders import TraceError, load_sessions, text_style
-    from .text import TextFactory, load_tokenizer
-
     try:
         tok = load_tokenizer(tokenizer)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception types
@@ -175,8 +172,6 @@ class BareClient:
         self.cut_at: float | None = None
 
     async def run(self, sessions: list[Any]) -> None:
-        from .loaders import in_flight
-
         spec = self.spec
         slots = asyncio.Semaphore(in_flight(spec))
         t0 = time.perf_counter()
@@ -317,8 +312,6 @@ def summary(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
 
 async def replay(spec: Any, sessions: list[Any], render: Any, base_url: str, model: str) -> tuple[list[dict], float]:
     """Replay ``sessions``; return the per-request rows and the wall time."""
-    from .loaders import in_flight
-
     await check_reachable(base_url)
     slots = in_flight(spec)
     connector = aiohttp.TCPConnector(limit=slots, limit_per_host=slots)  # no queue inside aiohttp

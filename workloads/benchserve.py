@@ -170,7 +170,7 @@ def chat_renderer(tokenizer_path: str | Path) -> Renderer:
     calls, with the special tokens as template variables), not a loaded tokenizer: building the
     Qwen3 tokenizer from its vocabulary took over 60 s on the loaded 2-core machine, and
     rendering needs only the template."""
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: only chat rendering needs it
 
     folder = tokenizer_dir(tokenizer_path)
     template, tokens = chat_template_of(folder)

@@ -262,7 +262,7 @@ def _tokenize_after(result: LoadResult, count: Callable[[str], int], sample: int
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when installed: less CPU per request."""
     try:
-        import uvloop
+        import uvloop  # optional: used when installed
     except ImportError:
         return None
     return uvloop.new_event_loop

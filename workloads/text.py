@@ -110,7 +110,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path)
     if p.is_dir():
         p = p / "tokenizer.json"
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # heavy: stays off `orchestrator plan`, which imports this module
 
     return Tokenizer.from_file(str(p))
 

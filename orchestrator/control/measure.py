@@ -106,7 +106,7 @@ class WindowSequence:
     def __init__(self, window: Window, *, get: Callable[[Any], Any] | None = None,
                  on_step: Callable[[str], None] | None = None) -> None:
         if get is None:
-            import ray
+            import ray  # heavy: Ray only for the default get (the unit tests pass their own)
 
             get = ray.get
         self.w = window

@@ -56,11 +56,14 @@ from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, N
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.plan.expand import replica_key, start_key
+from orchestrator.plan.load import SpecError
+from orchestrator.plan.models import ModelError
 from orchestrator.plan.references import ReferencePlan
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from orchestrator.values.wire import CoreGrant, NodeError, ReplicaUp
-from workloads.loaders import trace_path
+from workloads.corpus import CorpusError
+from workloads.loaders import WorkloadInputError, trace_path
 
 
 def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
@@ -529,11 +532,6 @@ def _task_error_kind(cause: BaseException | None) -> ErrorKind:
     tokenizer, the spec, the text corpus) is the user's to fix, so it is the final ``CONFIG``: retrying it
     would fail the same way. Anything else raised in a task is our bug: ``INTERNAL``.
     """
-    from orchestrator.plan.load import SpecError
-    from orchestrator.plan.models import ModelError
-    from workloads.corpus import CorpusError
-    from workloads.loaders import WorkloadInputError
-
     if isinstance(cause, (WorkloadInputError, ModelError, SpecError, CorpusError)):
         return ErrorKind.CONFIG
     return ErrorKind.INTERNAL

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 LOCK = "run.lock"
 PIDFILE = "run.pid"
 
@@ -81,8 +83,6 @@ def home_lock(home: Path) -> Iterator[dict[str, Any]]:
 
 
 def _me() -> dict[str, Any]:
-    import psutil
-
     p = psutil.Process()
     return {"pid": p.pid, "create_time": p.create_time(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(p.create_time())),

@@ -228,7 +228,7 @@ def ray_on_loopback() -> Iterator[None]:
     """While inside, a local Ray started here listens on 127.0.0.1 only (its processes inherit the
     setting). Put back afterwards: a later ``ray start --address`` from this process must still be
     able to join a multi-node cluster."""
-    from ray._private import ray_constants
+    from ray._private import ray_constants  # heavy: Ray stays off the paths that use only the MLflow server
 
     saved_env, saved_flag = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[LOOPBACK_ENV] = "0"
@@ -299,7 +299,7 @@ def ray_cluster(num_cpus: int | None = None, *, record_in: Path | None = None) -
     A local Ray's processes are handed to a :class:`~orchestrator.infra.lifeline.Guardian`, which ends what
     is left of them when this process dies (or after ``ray.shutdown()``, which leaves its agents
     behind for a while); with ``record_in`` they are also in ``services.json`` for the next run."""
-    import ray
+    import ray  # heavy: Ray stays off the paths that use only the MLflow server (report, ui, provisioning)
 
     address = os.environ.get("RAY_ADDRESS")
     saved = _handlers()

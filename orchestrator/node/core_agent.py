@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.node.cores import CannotFit, CoreAllocator, Isolation, NodeTopology
 from orchestrator.node.hostfacts import host_facts
@@ -59,8 +60,6 @@ def core_agent(node_id: str) -> Any:
     Unnamed on purpose: a handle Ray gives back by name is weak (it does not keep the actor alive), so
     an agent found by name could die under its user, and one named per node could clash with the
     previous executor's agent while that one is still going away."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     return NodeCoreAgent.options(  # type: ignore[attr-defined]  # Ray's decorator
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote()

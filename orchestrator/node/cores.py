@@ -139,7 +139,7 @@ def _pci_numa(sysfs: str, bus_id: str) -> int:
 
 def _detect_gpu_numa(sysfs: str) -> dict[int, int]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py, on GPU machines only
 
         pynvml.nvmlInit()
         try:

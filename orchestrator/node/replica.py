@@ -442,7 +442,7 @@ def _killpg(pgid: int, sig: int) -> None:
 def _gpu_pids(pids: set[int], timeout_s: float = 15.0) -> list[int]:
     """Our pids that NVML still shows holding GPU memory (waits for the driver to let go)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py, on GPU machines only
     except ImportError:
         return []
     pynvml.nvmlInit()

@@ -22,25 +22,25 @@ from orchestrator.node.gpu_profile import GpuProfileCapture
 from orchestrator.node.prefix_cache import reset_prefix_cache
 from orchestrator.node.replica import ReplicaError, VllmReplica, free_port
 from orchestrator.node.restrict import Verification, tree_pids
+from orchestrator.node.serve_replica import ServeReplica
 from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
 from orchestrator.node.window_figures import CounterReading, profile_delay, span_bounds, window_counters, window_series
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
 from orchestrator.values.trial import TrialSpec
 from orchestrator.values.wire import NodeError, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
+from workloads.bare import pin
 
 
 def pin_process(cpus: list[int]) -> None:
     """Pin this process and every thread it has now to ``cpus``: Ray starts its own threads before
     any actor method runs, so the process mask alone is not enough."""
-    from workloads.bare import pin
-
     pin(set(cpus))
 
 
 def _gpu_name() -> str:
     try:
-        import pynvml
+        import pynvml  # optional: nvidia-ml-py, on GPU machines only
 
         pynvml.nvmlInit()
         try:
@@ -107,7 +107,7 @@ class ReplicaActor:
         # Compile caches live beside the trials and are shared by them, so restarts are warm.
         cls = VllmReplica
         if self.trial.server.stack == "ray-serve":  # Ray Serve LLM on a Ray of its own, same interface
-            from orchestrator.node.serve_replica import ServeReplica as cls
+            cls = ServeReplica
         replica = cls(self.trial, model_dir, frozenset(cores), free_port(), self.workdir,
                       self.trial.restriction, scratch_dir=self.node_home / "scratch",
                       sized_for=frozenset(sized_for) if sized_for else None)

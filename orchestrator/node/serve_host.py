@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator.infra.local_servers import ray_on_loopback
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.node.replica import MULTICAST_OFF_COMPILATION_CONFIG
 from orchestrator.values.trial import TrialSpec
@@ -217,6 +218,7 @@ def pin_worker() -> None:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     if cpus := os.environ.get(CPUS_ENV):
+        # heavy: workloads.bare brings aiohttp and the workload spec; only a serving worker's hook pins
         from workloads.bare import pin  # the one pin-every-thread helper
 
         pin(set(parse_cpulist(cpus)))
@@ -227,6 +229,7 @@ def pin_worker() -> None:
 def app_classes() -> tuple[type, type, dict[str, Any]]:
     """The LLMServer with what the protocol reads from a replica (its vLLM metrics, a prefix-cache reset
     that says whether vLLM did it), the OpenAI ingress with the endpoints for them, and its routes."""
+    # heavy: Ray Serve LLM, in the host process only (importing this module stays Ray-free: see the docstring)
     from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS
     from ray.serve.llm.deployment import LLMServer
     from ray.serve.llm.ingress import OpenAiIngress
@@ -234,6 +237,7 @@ def app_classes() -> tuple[type, type, dict[str, Any]]:
 
     class TrialLLMServer(LLMServer):
         async def metrics_text(self) -> str:
+            # heavy: vLLM, in the LLMServer replica only (its registry is that process's)
             from prometheus_client import generate_latest
             from vllm.v1.metrics.prometheus import get_prometheus_registry
 
@@ -272,6 +276,7 @@ def app_classes() -> tuple[type, type, dict[str, Any]]:
 def build_app(config: Any) -> tuple[Any, dict[str, Any]]:
     """The app ``build_openai_app`` builds for ``config`` (the same two deployments and default options),
     with the ingress of :func:`app_classes`; and the options each deployment got, for the record."""
+    # heavy: Ray Serve LLM, in the host process only (importing this module stays Ray-free: see the docstring)
     from ray import serve
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import build_llm_deployment
@@ -316,6 +321,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     status, stop, t0 = Status(Path(spec["status_path"])), threading.Event(), time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # heavy: Ray, in the host process only (importing this module stays Ray-free: see the docstring)
     import ray
     from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 
@@ -326,7 +332,7 @@ def main(argv: list[str]) -> int:
         # word. Its workers run the hook this variable names, which the actor's env_vars can set.
         runtime_env.setdefault("env_vars", {})[WORKER_PROCESS_SETUP_HOOK_ENV_VAR] = hook
     try:  # Ray Serve LLM's own checks, before any process starts
-        from ray.serve.llm import LLMConfig
+        from ray.serve.llm import LLMConfig  # heavy (Ray); inside the try: an import that fails is a refused config
 
         config = LLMConfig.model_validate(spec["llm_config"])
         config.get_engine_config()
@@ -334,9 +340,7 @@ def main(argv: list[str]) -> int:
         say(why := f"Ray Serve LLM refused the trial's config: {exc}")
         status.write(state="failed", error_kind="config", message=why)
         return 2
-    from ray import serve
-
-    from orchestrator.infra.local_servers import ray_on_loopback
+    from ray import serve  # heavy: Ray, in the host process only (see the docstring)
 
     started = {"ray": False, "serve": False}
 
@@ -370,7 +374,7 @@ def main(argv: list[str]) -> int:
 
 
 def _app_status(name: str) -> tuple[str, str]:
-    from ray import serve
+    from ray import serve  # heavy: Ray, in the host process only (see the docstring)
 
     app = serve.status().applications.get(name)
     if app is None:
@@ -402,6 +406,7 @@ def _serve(spec: dict[str, Any], status: Status, stop: threading.Event, t0: floa
 
 def _teardown(spec: dict[str, Any], status: Status, started: dict[str, bool]) -> None:
     """Delete the app, shut Serve and Ray down; each step recorded, and a failed one does not stop the next."""
+    # heavy: Ray, in the host process only (see the docstring)
     import ray
     from ray import serve
 

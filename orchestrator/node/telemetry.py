@@ -255,7 +255,7 @@ class NvmlReader:
     """GPU utilisation and memory through NVML (nvidia-ml-py). Indices are NVML (physical) indices."""
 
     def __init__(self, indices: Sequence[int] | None = None) -> None:
-        import pynvml  # nvidia-ml-py; ImportError on CPU-only installs
+        import pynvml  # optional: nvidia-ml-py, on GPU machines only (ImportError on CPU-only installs)
 
         self._nvml = pynvml
         pynvml.nvmlInit()

@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from pydantic import TypeAdapter
 
 from orchestrator.node.replica_actor import pin_process
 from orchestrator.node.restrict import Verification, verify_self
 from orchestrator.values.wire import BareRun, NodeError
+from workloads import benchserve, run_workload_sync
+from workloads.run_workload import load_sync, prepare, strategy_for, tokenize_after
+from workloads.spec import WorkloadSpec
 
 
 def localize(workload_json: str, trace: tuple[str, Any] | None) -> str:
@@ -80,8 +84,6 @@ class WorkloadActor:
     def run(self, workload_json: str, base_url: str, model: str, tokenizer_path: str,
             trace: tuple[str, Any] | None = None) -> Any:
         """Prepare, load and tokenize in one call (the unmeasured warm-up)."""
-        from workloads import run_workload_sync
-
         spec = _workload_spec(localize(workload_json, trace))
         return run_workload_sync(spec, base_url=base_url, model=model, tokenizer_path=tokenizer_path)
 
@@ -93,8 +95,6 @@ class WorkloadActor:
         them, so it is the same text. Only the tokenizer's word cache is cleared, so every window starts as a
         freshly built one did. (Building took 1.25 s per window on the H200's recorded agent sessions, 6% of
         a re-pinned grid's GPU-held time.)"""
-        from workloads.run_workload import prepare
-
         key = (localize(workload_json, trace), tokenizer_path)
         if self._prepared is None or self._prepared_for != key:
             self._prepared, self._prepared_for = prepare(_workload_spec(key[0]), tokenizer_path), key
@@ -107,8 +107,6 @@ class WorkloadActor:
 
     def load(self, base_url: str, model: str) -> Any:
         """The window's requests and nothing else (``prepare`` first); ``finish`` adds the client counts."""
-        from workloads.run_workload import load_sync
-
         assert self._prepared is not None, "prepare() first"
         self._loaded = load_sync(self._prepared, base_url=base_url, model=model)
         return self._loaded.run
@@ -116,9 +114,6 @@ class WorkloadActor:
     def bench(self, base_url: str, model: str, model_dir: str, timeout_s: float) -> BareRun | NodeError:
         """Replay the prompts the last window sent with vLLM's own ``vllm bench serve`` (``workloads.benchserve``),
         turn-major at the window's concurrency, from a child process on this actor's cores; after ``load``."""
-        from workloads import benchserve
-        from workloads.run_workload import strategy_for
-
         if self._prepared is None or self._loaded is None:
             return NodeError("internal", "vllm bench serve replays a window's prompts: run the window first")
         spec, result = self._prepared.spec, self._loaded.result
@@ -139,17 +134,11 @@ class WorkloadActor:
 
     def finish(self) -> Any:
         """The window's run with ``client_tokenize: after`` applied, outside the measured span."""
-        from workloads.run_workload import tokenize_after
-
         assert self._prepared is not None and self._loaded is not None, "load() first"
         return tokenize_after(self._prepared, self._loaded)
 
 
 def _workload_spec(workload_json: str) -> Any:
-    from pydantic import TypeAdapter
-
-    from workloads.spec import WorkloadSpec
-
     return TypeAdapter(WorkloadSpec).validate_json(workload_json)
 
 

@@ -20,13 +20,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from workloads import cachesim
+from workloads.bare import crosscheck_ratio, percentile
+from workloads.loaders import load_sessions
+from workloads.metrics import summarize, ttft_s
+
 log = logging.getLogger(__name__)
 
 
 def sessions_of(trial: Any) -> list[Any] | None:
     """The trial's sessions as its loader builds them (deterministic), for replay-fidelity figures."""
-    from workloads.loaders import load_sessions
-
     try:
         return load_sessions(trial.workload)
     except Exception as exc:  # noqa: BLE001 (figures about the run must never fail the run)
@@ -49,8 +52,6 @@ def replay_fidelity_of(sessions: Sequence[Any] | None, records: Sequence[Any], b
     (``workloads.cachesim.ReplayFidelity``), or None where the plan cannot be rebuilt."""
     if not sessions or not block_size:
         return None
-    from workloads import cachesim
-
     try:
         plan = cachesim.segments_for(sessions, records, bos_tokens=special_tokens(sessions, records))
     except Exception as exc:  # noqa: BLE001 (figures about the run must never fail the run)
@@ -71,9 +72,6 @@ def crosscheck_metrics(records: Sequence[Any], ref_rows: Iterable[Mapping[str, A
     and p90 (``crosscheck_ttft_p50_harness_s``, ``crosscheck_ttft_p50_bare_s``, ...) and counts. Any
     other reference (``vllm-bench``): ``crosscheck_vllm_bench_ttft_p{50,90}_ratio`` (harness / it), its
     p50 and p90 (``crosscheck_vllm_bench_ttft_p50_s``) and its count."""
-    from workloads.bare import crosscheck_ratio, percentile
-    from workloads.metrics import ttft_s
-
     ref = [float(r["ttft_s"]) for r in ref_rows if r.get("status") == "ok" and r.get("ttft_s") is not None]
     harness = ttft_s(records)
     ratio = crosscheck_ratio(harness, ref)
@@ -144,8 +142,6 @@ def summarize_trial(run: Any, server: Mapping[str, float], rows: Iterable[Mappin
     itself (``slo_ttft_s``, ``slo_tpot_s``) are recorded. NaN and None values are dropped, since
     MLflow cannot compare them.
     """
-    from workloads.metrics import summarize
-
     ttft_slo = getattr(slo, "ttft_s", None)
     tpot_slo = getattr(slo, "tpot_s", None)
     out: dict[str, float | None] = {}

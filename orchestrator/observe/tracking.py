@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
 from mlflow import MlflowClient
@@ -163,7 +164,6 @@ def ensure_parent(client: MlflowClient, sweep: Mapping[str, Any], *, reopen: boo
     if sweep.get("spec_yaml"):
         client.log_text(parent, sweep["spec_yaml"], "spec.yaml")
     if sweep.get("plan"):
-        import pandas as pd
         # object dtype: pandas 3 string columns make log_table emit a deprecation warning
         client.log_table(parent, data=pd.DataFrame(sweep["plan"]).astype(object), artifact_file="plan.json")
     return exp_id, parent
@@ -173,8 +173,6 @@ def _series_metrics(path: Path | None, started_at: float, max_points: int) -> li
     """Sampled series as ``ts/<name>`` metrics, stride-downsampled to ``max_points`` per name."""
     if path is None:
         return []
-    import pandas as pd
-
     frame = pd.read_parquet(path).dropna(subset=["value"])
     base_ms = int(started_at * 1000) if started_at else int(time.time() * 1000)
     out: list[Metric] = []

@@ -101,7 +101,7 @@ def tokenizer_file(model: str | Path) -> str:
     if Path(model).expanduser().is_dir():
         raise ModelError(f"{model}: the model folder has no tokenizer.json (the workload client needs one)")
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download  # heavy: only a hub model without a local tokenizer needs it
 
         return hf_hub_download(str(model), "tokenizer.json")
     except Exception as exc:  # noqa: BLE001 (hub errors: not found, gated, offline with an empty cache)

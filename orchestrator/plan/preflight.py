@@ -167,7 +167,7 @@ def _machine_problems(spec: SweepSpec, where: str, machine: Machine) -> list[Pro
 def _gpu_count() -> int:
     """GPUs on this machine: NVML when nvidia-ml-py is installed, else ``nvidia-smi -L``'s lines, else 0."""
     try:
-        import pynvml  # nvidia-ml-py; ImportError on CPU-only installs
+        import pynvml  # optional: nvidia-ml-py, on GPU machines only (ImportError on CPU-only installs)
     except ImportError:
         pynvml = None
     if pynvml is not None:

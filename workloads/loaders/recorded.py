@@ -78,7 +78,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
             while chunk := fh.read(_CHUNK):
                 yield chunk
             return
-        import zstandard  # only needed for compressed files
+        import zstandard  # optional: only needed for compressed files
 
         dctx = zstandard.ZstdDecompressor()
         dobj, pending = dctx.decompressobj(), b""

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rich.table import Table
 
 from orchestrator.observe.report.comparison import CONFIG
 
@@ -164,8 +165,6 @@ def _num(v: Any) -> str:
 
 def render_shares(table: pd.DataFrame, title: str = "Cores per GPU") -> Any:
     """A rich Table of :func:`shares_table` (shares in %)."""
-    from rich.table import Table
-
     below = [c for c in table.columns if c.startswith("below_")]
     out = Table(title=title)
     for c in ["trace", "kind", "GPU type", "jobs / nodes", "counted", "GPUs p50", "cores/GPU p50",
@@ -179,8 +178,6 @@ def render_shares(table: pd.DataFrame, title: str = "Cores per GPU") -> Any:
 
 def render_starvation(table: pd.DataFrame, title: str = "Jobs below the knee (would starve)") -> Any:
     """A rich Table of :func:`starvation_table`."""
-    from rich.table import Table
-
     out = Table(title=title)
     for c in ["trace", "GPU type", "knee", "knee cores/GPU", "jobs counted", "starving"]:
         out.add_column(c, justify="left" if c in ("trace", "GPU type", "knee") else "right")
@@ -193,6 +190,7 @@ def render_starvation(table: pd.DataFrame, title: str = "Jobs below the knee (wo
 def cdf_figure(cdf: pd.DataFrame, knees: Mapping[str, float] | None = None, thresholds: Sequence[float] = THRESHOLDS,
                title: str = "CPU cores per GPU") -> Any:
     """A matplotlib Figure on the Agg canvas: requested cores per GPU (left) beside the nodes' hardware (right)."""
+    # heavy: matplotlib, for the figure only (the tables and the knees do without it)
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -31,6 +31,7 @@ def measured_knees(sweep: str, home: str | None) -> dict[str, float]:
     store = Path(home or os.environ.get("ORCH_HOME") or ".orchestrator").resolve() / "mlflow"
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (store / "mlflow.db").exists():
         raise click.ClickException(f"--sweep {sweep}: no MLFLOW_TRACKING_URI and no local MLflow store at {store}")
+    # heavy: MLflow, pandas and psutil stay off `orchestrator --help` (this module is imported for it)
     from mlflow.tracking import MlflowClient
 
     from orchestrator.infra.local_servers import free_port, mlflow_server
@@ -68,6 +69,7 @@ def provisioning(traces: tuple[str, ...], knee_values: tuple[float, ...], sweeps
     Alibaba cluster-trace-gpu-v2023 pods and node lists, v2025 DLRM instances, v2026 spot nodes and jobs,
     AcmeTrace job traces and cluster_summary.csv; the format is told by the header.
     """
+    # heavy: rich and pandas stay off `orchestrator --help` (this module is imported for it)
     from rich.console import Console
 
     from orchestrator.observe.provisioning import analysis as prov

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+from rich.table import Table
 
 # A configuration: the factors other than cores and the repeat index. Repeats are aggregated.
 CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "stack", "workload", "text_style", "restriction",
@@ -268,8 +269,6 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     The interval is ``ttft_p50_lo``..``ttft_p50_hi`` when ``df`` has them (whichever interval the caller
     computed; ``[lo-hi]``), and a ``!`` marks repeats that disagree (``spread_flag``). A configuration
     whose trials all failed reads ``failed``; one where only some did, ``n/m ok``."""
-    from rich.table import Table
-
     table = Table(title=title)
     for c in ("configuration", "cores", "TTFT p50 ms", "speedup", "timeouts", "knee"):
         table.add_column(c, justify="left" if c == "configuration" else "right",

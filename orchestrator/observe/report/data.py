@@ -144,7 +144,7 @@ def _download_json(client: Any, run_id: str, name: str, dst: Path) -> Any | None
 
 def from_mlflow(client: Any, sweep: str, *, source: str) -> SweepData | None:
     """The sweep's latest trial runs and their records from MLflow; None when it has no trial runs."""
-    from orchestrator.observe.tracking import parent_run, trial_runs
+    from orchestrator.observe.tracking import parent_run, trial_runs  # heavy: MLflow, for this source only
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per trial would flood stdout
     runs = trial_runs(client, sweep)

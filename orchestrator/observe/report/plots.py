@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from orchestrator.observe.report.tables import SIDE_FIGURES, Slo
+from orchestrator.observe.report.tables import SIDE_FIGURES, Slo, configurations
 
 _DPI = 100
 _QUANTILES = (("p50", "TTFT p50"), ("p90", "TTFT p90"), ("p99", "TTFT p99"))
@@ -185,8 +185,6 @@ def holdout_plot(holdout: pd.DataFrame, path: Path, *, title: str) -> Path:
 def heatmap_plot(table: pd.DataFrame, labels: dict[tuple[Any, ...], str], path: Path) -> Path:
     """Speedups (TTFT p50 at the fewest cores / here) of every configuration against cores; ``timeout`` and
     ``failed`` cells are grey and named, cells outside a configuration's grid are blank."""
-    from orchestrator.observe.report.tables import configurations
-
     groups = configurations(table)
     cores = sorted({int(c) for c in table["cores"]})
     values = np.full((len(groups), len(cores)), np.nan)

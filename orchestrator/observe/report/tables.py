@@ -25,6 +25,8 @@ import pandas as pd
 
 from orchestrator.observe import stats
 from orchestrator.observe.report.comparison import COLUMNS, CONFIG, TIMEOUT_MAJORITY, comparison
+from workloads.metrics import duration_s, goodput_count
+from workloads.records import RequestRecord
 
 QUANTILES = (0.5, 0.9, 0.99)
 RECORD_COLUMNS = ("status", "scheduled_ns", "sent_ns", "first_token_ns", "end_ns", "completion_tokens")
@@ -113,8 +115,6 @@ def _slo_view(records: pd.DataFrame) -> list[Any]:
     """The records as ``RequestRecord`` values holding only what goodput and the window's span read (status,
     scheduled/sent/first-token/end times, completion tokens); the rest is left empty. Four times faster than
     ``frame_to_records`` on large sweeps, and never leaves this module."""
-    from workloads.records import RequestRecord
-
     cols = [records[c].tolist() for c in RECORD_COLUMNS]
     return [RequestRecord(request_id="", session_id="", turn=0, scheduled_ns=int(sched), sent_ns=int(sent),
                           first_token_ns=None if pd.isna(first) else int(first), token_ns=(), end_ns=int(end),
@@ -125,8 +125,6 @@ def _slo_view(records: pd.DataFrame) -> list[Any]:
 
 def slo_goodput(records: pd.DataFrame, slo: Slo) -> tuple[float, float]:
     """(requests per second meeting every SLO, share of requests meeting them); NaN without SLOs or records."""
-    from workloads.metrics import duration_s, goodput_count
-
     if not slo.given or records is None or not len(records):
         return math.nan, math.nan
     recs = _slo_view(records)

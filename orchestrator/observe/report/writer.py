@@ -206,13 +206,13 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
 def load_sweep(sweep: str, *, uri: str | None, outbox_dir: Path, offline: str = "no MLflow tracking URI") -> SweepData:
     """The sweep's trials from MLflow at ``uri``, or from the outbox when MLflow is unreachable, fails or has no
     trials of it (``offline``: why there is no ``uri``). :class:`ReportInputError` when neither has any."""
-    from orchestrator.observe.tracking import mlflow_server_ok
+    from orchestrator.observe.tracking import mlflow_server_ok  # heavy: MLflow stays off write_report's path
 
     reason = offline
     if uri:
         reason = f"MLflow at {uri} is unreachable"
         if mlflow_server_ok(uri):
-            from mlflow import MlflowClient
+            from mlflow import MlflowClient  # heavy: MLflow stays off write_report's path
 
             try:
                 data = from_mlflow(MlflowClient(uri), sweep, source=f"MLflow at {uri}")
@@ -241,6 +241,7 @@ def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opt
         return Published(files, data)
     if data.parent_run_id is None:
         return Published(files, data, warning=f"sweep {sweep!r} has no parent run in MLflow to log the report to")
+    # heavy: MLflow stays off write_report's path
     from mlflow import MlflowClient
     from orchestrator.observe.tracking import log_report
 

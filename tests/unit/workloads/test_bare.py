@@ -233,7 +233,7 @@ def test_a_bad_text_style_is_a_clear_error_not_a_silent_default() -> None:
 
 def test_a_factory_that_refuses_the_style_is_never_replaced_by_the_default(monkeypatch) -> None:
     """The removed fallback built ``TextFactory(tok)`` (the default style) on any TypeError."""
-    import workloads.text as text
+    import workloads.bare as bare
     from workloads.bare import prepare
 
     made: list[str] = []
@@ -244,7 +244,7 @@ def test_a_factory_that_refuses_the_style_is_never_replaced_by_the_default(monke
                 raise TypeError(f"unexpected keyword argument {next(iter(kwargs))!r}")
             made.append("default")
 
-    monkeypatch.setattr(text, "TextFactory", OldFactory)
+    monkeypatch.setattr(bare, "TextFactory", OldFactory)  # bare imports it at its top
     with pytest.raises(TypeError, match="style"):
         prepare(SPEC.model_copy(update={"text_style": "code"}), str(bundled_tokenizer_path("qwen3")))
     assert made == []
