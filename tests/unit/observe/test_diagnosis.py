@@ -193,3 +193,19 @@ def test_a_core_count_where_most_requests_time_out_is_no_knee():
     d = diagnose(df)
     assert d.evidence["knee_cores"] == 4 and "TTFT p50 falls to 0.69x from 8 to 1 cores" in d.sentence
     assert "80% of its requests time out at 1 core (0% at 8)" in d.sentence
+
+
+def test_the_decision_is_data_and_the_prose_only_says_it():
+    """stage.decide names the case and keeps the figures; diagnosis.explain turns exactly that into sentences."""
+    from orchestrator.observe.analysis.diagnosis import explain
+    from orchestrator.observe.analysis.stage import decide
+
+    f = decide(WORKED)
+    assert (f.case, f.stage, f.c_lo, f.c_hi, f.knee, f.prev, f.top_flat) == ("frontend_queue", "frontend", 1, 12, 4,
+                                                                               (4, 0.640), True)
+    assert f.api_servers == 1 and f.evidence["knee_cores"] == 4.0
+    assert explain(f) == diagnose(WORKED)
+    engine = decide(frame((1, 1.2, 1.1, 0.2, 95.0, 50.0, 10.0, 16.0), (8, 0.4, 0.38, 0.15, 40.0, 60.0, 12.0, 16.0)))
+    assert (engine.case, engine.stage, engine.growth) == ("engine", "engine", pytest.approx(3.0))
+    assert engine.split == (pytest.approx(0.05), pytest.approx(0.72))
+    assert decide(frame().reindex(columns=["cores"])).case == "no_trials"
