@@ -17,17 +17,12 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from orchestrator.observe.report.tables import ttft_values
+from orchestrator.observe.report.tables import tpot_values, ttft_values
 
 
 def e2e_values(d: pd.DataFrame) -> np.ndarray:
     ok = d[d["status"] == "ok"]
     return ((ok["end_ns"] - ok["sent_ns"]) / 1e9).to_numpy(dtype=float)
-
-
-def tpot_values(d: pd.DataFrame) -> np.ndarray:
-    ok = d[(d["status"] == "ok") & (d["completion_tokens"] > 1) & d["first_token_ns"].notna()]
-    return ((ok["end_ns"] - ok["first_token_ns"]) / 1e9 / (ok["completion_tokens"] - 1)).to_numpy(dtype=float)
 
 
 METRICS = {"ttft": ttft_values, "e2e": e2e_values, "tpot": tpot_values}

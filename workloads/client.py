@@ -183,7 +183,7 @@ class StreamingClient:
             completion_tokens=st.completion_tokens if st.completion_tokens is not None else len(st.token_ns),
             cached_tokens=st.cached_tokens, client_prompt_tokens=client_tokens, tokenize_ns=tokenize_ns,
             status=status, error=error, recorded_prompt_tokens=request.recorded_prompt_tokens,
-            response_schema=request.response_format.name if request.response_format else None)
+            response_schema=request.response_schema)
         return record, "".join(st.text)
 
     async def _exchange(self, url: str, body: bytes, st: _StreamState) -> None:

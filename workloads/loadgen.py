@@ -213,7 +213,7 @@ class LoadGenerator:
                 completion_tokens=0, cached_tokens=None, client_prompt_tokens=request.planned_prompt_tokens,
                 tokenize_ns=0, status="error", error=f"backend raised {type(exc).__name__}: {exc}",
                 recorded_prompt_tokens=request.recorded_prompt_tokens,
-                response_schema=request.response_format.name if request.response_format else None), ""
+                response_schema=request.response_schema), ""
 
 
 class _TextHistory:

@@ -73,6 +73,11 @@ class Request:
     recorded_prompt_tokens: int | None = None
     response_format: ResponseFormat | None = None
 
+    @property
+    def response_schema(self) -> str | None:
+        """The tool whose arguments the answer is constrained to (the record's ``response_schema``), or None."""
+        return self.response_format.name if self.response_format is not None else None
+
 
 def chat_transcript(messages: tuple[Message, ...] | list[Message]) -> str:
     """The text of chat messages as the client counts it: ``role\ncontent\n\n`` per message.

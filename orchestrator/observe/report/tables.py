@@ -106,9 +106,11 @@ def tpot_values(records: pd.DataFrame) -> np.ndarray:
     return (gen / (ok["completion_tokens"].astype("int64") - 1) / 1e9).to_numpy(np.float64)
 
 
-def _window_ttfts(trial_ids: Sequence[str], records: Mapping[str, pd.DataFrame]) -> list[np.ndarray]:
-    """Each trial's (window's) ok TTFTs, for the trials that have records: what the intervals resample."""
-    return [ttft_values(records[t]) for t in trial_ids if t in records]
+def _window_values(trial_ids: Sequence[str], records: Mapping[str, pd.DataFrame],
+                   values: Callable[[pd.DataFrame], np.ndarray] = ttft_values) -> list[np.ndarray]:
+    """Each trial's (window's) ok requests' figures (TTFTs by default), for the trials that have records: what
+    the intervals resample."""
+    return [values(records[t]) for t in trial_ids if t in records]
 
 
 def _slo_view(records: pd.DataFrame) -> list[Any]:
@@ -171,7 +173,7 @@ def aggregated_table(trials: pd.DataFrame, records: Mapping[str, pd.DataFrame], 
     for _, row in table.iterrows():
         ids = [t for t in str(row["trials"]).split(",") if t in per_trial.index]
         done = [t for t in ids if per_trial.at[t, "status"] == "COMPLETED"]
-        samples = _window_ttfts(done, records)
+        samples = _window_values(done, records)
         key = "|".join(str(row[c]) for c in (*CONFIG, "cores"))
         ci = stats.bootstrap_quantiles(samples, QUANTILES, n_boot=opts.n_boot, level=opts.level,
                                        seed=stats.cell_seed(opts.seed, key))
@@ -202,7 +204,7 @@ def knee_windows(rows: pd.DataFrame, records: Mapping[str, pd.DataFrame], per_tr
         if pd.isna(row.get("ttft_p50_s")) or (pd.notna(rate) and rate > TIMEOUT_MAJORITY):
             continue
         done = [t for t in str(row["trials"]).split(",") if status.get(t) == "COMPLETED"]
-        windows = [v for v in (values(records[t]) for t in done if t in records) if len(v)]
+        windows = [v for v in _window_values(done, records, values) if len(v)]
         if windows:
             out[int(row["cores"])] = windows
     return out

@@ -95,7 +95,7 @@ class Published:
 
 def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts: ReportOptions,
              plot_dir: Path, table: pd.DataFrame, windows: dict[int, Any],
-             tpot_windows: dict[int, Any] | None = None) -> tuple[Section, list[Path]]:
+             tpot_windows: dict[int, Any]) -> tuple[Section, list[Path]]:
     anchor = f"config-{i + 1}"
     extras = extras_for(rows, opts, table)
     observed = knee(rows)
@@ -104,7 +104,7 @@ def _section(i: int, key: tuple[Any, ...], rows: pd.DataFrame, label: str, opts:
                              n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "knee|" + at))
     # The same rule on the time per output token: decode can need more cores than the first token does
     # (structured output on the H200: TPOT 4.3x at 2 cores, TTFT 1.2x; benchmarks/results/h200/questions-2).
-    decode = estimate_knee(tpot_windows or {}, stat=opts.knee_statistic, tolerance=opts.tolerance,
+    decode = estimate_knee(tpot_windows, stat=opts.knee_statistic, tolerance=opts.tolerance,
                            level=opts.knee_level, n_boot=opts.n_boot, seed=stats.cell_seed(opts.seed, "tpot|" + at))
     written = [plots.ttft_plot(rows, plot_dir / f"{anchor}-ttft.png", title=label, knee=observed,
                                predicted=extras.predicted),
