@@ -43,6 +43,7 @@ from orchestrator.observe.summary import (
     summarize_trial,
 )
 from orchestrator.observe.time_use import STEP
+from orchestrator.values.figures import PrefixCacheReset
 from orchestrator.values.results import ErrorKind, TrialFailure, TrialResult, TrialStatus
 from orchestrator.values.trial import TrialSpec
 from orchestrator.values.wire import BareRun, CoreGrant, NodeError, ReplicaUp, WindowFigures, WindowSpan
@@ -248,7 +249,7 @@ class WindowSequence:
         w, trial, up = self.w, self.w.trial, self.w.up
         self._enter("result")
         warnings.extend(run.warnings)
-        if params.get("prefix_cache_reset") is False:
+        if params.get("prefix_cache_reset") == PrefixCacheReset.FAILED.value:
             warnings.append("the prefix cache could not be reset before the window: it did not start empty")
         metrics = summarize_trial(run, figures.server, figures.span_rows, slo=trial.slo)
         metrics.update(figures.span)

@@ -27,6 +27,7 @@ from orchestrator.node.stacks import StackSampler, coverage
 from orchestrator.node.telemetry import TelemetrySampler, delta, scrape
 from orchestrator.node.window_figures import CounterReading, profile_delay, span_bounds, window_counters, window_series
 from orchestrator.plan.models import ModelError, build_shape, tokenizer_file
+from orchestrator.values.figures import PrefixCacheReset
 from orchestrator.values.trial import TrialSpec
 from orchestrator.values.wire import NodeError, ReplicaUp, ServerStatus, WindowFigures, WindowSpan
 from workloads.bare import pin
@@ -201,9 +202,10 @@ class ReplicaActor:
         t = self.trial
         facts: dict[str, Any] = {"telemetry_cpus": format_cpulist(client_cpus)}
         if t.protocol.reset_prefix_cache or t.start == "repin":
-            facts["prefix_cache_reset"] = self.reset_prefix_cache()
+            reset = PrefixCacheReset.DONE if self.reset_prefix_cache() else PrefixCacheReset.FAILED
         else:
-            facts["prefix_cache_reset"] = "off"
+            reset = PrefixCacheReset.OFF
+        facts["prefix_cache_reset"] = reset.value
         self.before = scrape(self.replica.base_url)
         tel = t.telemetry
         root = self.replica.pid

@@ -19,6 +19,7 @@ Layout (dot-prefixed names are in-progress writes and are ignored by readers)::
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -33,9 +34,13 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.values import figures
+from orchestrator.values.figures import Kind
 from orchestrator.values.results import TrialResult, TrialStatus
 from orchestrator.values.trial import SweepPlan, TrialSpec
 from workloads.records import records_to_frame
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MAX_PARAM_LEN = 6000   # MLflow's limit on a param value
@@ -69,6 +74,25 @@ def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
             continue
         if math.isfinite(f):
             out[safe_key(k)] = f
+    return out
+
+
+_WARNED: set[tuple[Kind, str]] = set()
+
+
+def check_declared(payload: Mapping[str, Any], *, sweep: bool = False) -> list[str]:
+    """Keys of a payload that the catalogue (``orchestrator.values.figures``) does not declare, as ``kind key``.
+    Each is logged as a warning once per process and still written: nothing measured is dropped."""
+    kinds = ((Kind.SWEEP_METRIC, "metrics"), (Kind.SWEEP_PARAM, "params"), (Kind.SWEEP_TAG, "tags")) if sweep else \
+        ((Kind.METRIC, "metrics"), (Kind.PARAM, "params"), (Kind.TAG, "tags"))
+    out = []
+    for kind, field in kinds:
+        for key in figures.undeclared(payload.get(field) or {}, kind):
+            out.append(f"{kind.value} {key}")
+            if (kind, key) not in _WARNED:
+                _WARNED.add((kind, key))
+                log.warning("%s %r is not declared in orchestrator.values.figures: logged anyway; declare it there",
+                            kind.value, key)
     return out
 
 
@@ -155,11 +179,13 @@ def sweep_payload(plan: SweepPlan, *, experiment: str, git_commit: str | None,
     if spec.search.kind != "grid":  # a grid's parent params stay as they were
         params["search"] = spec.search.model_dump(exclude_none=True)
     plan_rows = [{"trial_id": t.trial_id, "run_name": run_name(t), **t.factors()} for t in plan.trials]
-    return {
+    payload = {
         "version": FORMAT_VERSION, "sweep": spec.name, "experiment": experiment, "tags": tags,
         "params": {k: _param_value(v) for k, v in params.items()}, "plan": plan_rows,
         "spec": spec.model_dump(mode="json"), "spec_yaml": spec_yaml,
     }
+    check_declared(payload, sweep=True)
+    return payload
 
 
 def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | None = None,
@@ -181,7 +207,7 @@ def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | No
     metrics["num_records"] = len(result.records)
     if result.started_at and result.ended_at >= result.started_at:
         metrics["trial_duration_s"] = result.ended_at - result.started_at
-    return {
+    payload = {
         "version": FORMAT_VERSION, "kind": "trial", "upload_id": uuid.uuid4().hex,
         "sweep": trial.sweep, "trial_id": trial.trial_id, "run_name": run_name(trial),
         "status": "FINISHED" if finished else "FAILED", "error_kind": result.error_kind.value,
@@ -189,6 +215,8 @@ def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | No
         "params": trial_params(trial, result.params), "tags": tags, "metrics": finite_metrics(metrics),
         "trial_spec": trial.model_dump(mode="json"), "warnings": list(result.warnings),
     }
+    check_declared(payload)
+    return payload
 
 
 # -- storage ------------------------------------------------------------------------------
@@ -325,7 +353,7 @@ def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
     return True
 
 
-__all__ = ["FORMAT_VERSION", "OutboxEntry", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending",
+__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending",
            "read_sweep", "read_sweep_end", "records_frame", "remove_sweep_if_empty", "run_name", "safe_key",
            "stage_trial", "sweep_payload", "sweeps", "telemetry_frame", "trial_params", "trial_payload",
            "write_sweep", "write_sweep_end"]

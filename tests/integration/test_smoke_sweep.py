@@ -24,6 +24,8 @@ from orchestrator.infra.net import non_loopback_listeners
 from orchestrator.node.cores import parse_cpulist
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import load_spec
+from orchestrator.values import figures
+from orchestrator.values.figures import Kind
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = expand(load_spec(ROOT / "sweeps" / "smoke.yaml"))
@@ -146,6 +148,23 @@ def test_mlflow_holds_one_parent_and_one_child_per_trial(resumed, mlflow_uri):
         assert m["server_prompt_tokens"] > 0 and 0 < m["prefix_hit_rate"] <= 1
         names = {a.path for a in client.list_artifacts(r.info.run_id)}
         assert {"records.parquet", "vllm.log", "verified_cores.json", "trial_spec.json"} <= names
+
+
+def test_every_key_the_sweep_logged_is_declared_and_every_always_figure_is_logged(resumed, mlflow_uri):
+    # The catalogue (orchestrator.values.figures) against what a real sweep wrote, both ways.
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    for r in runs:
+        child = "mlflow.parentRunId" in r.data.tags
+        kinds = (Kind.METRIC, Kind.PARAM, Kind.TAG) if child else (Kind.SWEEP_METRIC, Kind.SWEEP_PARAM, Kind.SWEEP_TAG)
+        for kind, keys in zip(kinds, (r.data.metrics, r.data.params, r.data.tags)):
+            assert figures.undeclared(keys, kind) == [], f"{kind.value}s not in the catalogue"
+            if child and r.info.status != "FINISHED":
+                continue
+            always = [f for f in figures.of_kind(kind) if f.when == "always"]
+            missing = [f.key for f in always if not any(f.matches(k) for k in keys)]
+            assert missing == [], f"{kind.value}s declared 'always' but not logged"
 
 
 def test_nothing_is_left_running(resumed, killed):

@@ -17,26 +17,23 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
+from orchestrator.values import figures
+from orchestrator.values.figures import Agg, Kind
+
 # A configuration: the factors other than cores and the repeat index. Repeats are aggregated.
 CONFIG = ["model", "hardware", "gpus", "vllm_variant", "api_servers", "stack", "workload", "text_style", "restriction",
           "start"]
 GROUP = [*CONFIG, "repeat"]  # one trial's identity apart from cores (the raw frames keep the repeat)
 SPREAD_WARN = 0.10
-SEARCH_PARAMS = ("search_reason", "search_step", "search_grid_cores")  # a knee search trial's params
+SEARCH_PARAMS = tuple(f.key for f in figures.of_kind(Kind.PARAM) if f.when == "search")  # a knee search trial's
 TIMEOUT_MAJORITY = 0.5
-COLUMNS = [*CONFIG, "cores", "repeats", "trials", "status", "requests", "timeouts", "ttft_p50_s", "ttft_p90_s",
-           "ttft_p99_s", "e2e_p50_s", "p50_spread", "spread_flag", "speedup_p50", "knee",
-           # CPU attribution, utilisation and fidelity, for the CSV (means over repeats)
-           "timeout_rate", "prefix_hit_rate", "ideal_prefix_hit_rate", "server_ttft_s_mean", "server_frontend_s_mean",
-           "replica_cpu_util_mean", "client_cpu_util_mean", "gpu0_util_mean", "request_throughput_rps",
-           "client_tokenize_ms_per_1k", "crosscheck_ttft_p50_ratio", "crosscheck_ttft_p90_ratio",
-           "crosscheck_comparable", "replica_cores_foreign_frac", "server_num_requests_running_mean",
-           "client_in_flight_mean", "goodput_rps", "startup_s"]
+# The table's columns, and how repeats aggregate each: from the catalogue (orchestrator.values.figures)
+COLUMNS = [*CONFIG, *figures.columns()]
 # Attribution (orchestrator.node.attribution, .stacks): one column per process role and category, as recorded
 ATTRIBUTION_PREFIXES = ("cpu_s_per_req_", "ctx_invol_", "ctx_vol_", "runq_wait_s_", "gpu_profile_")
-_MEDIANS = ["ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s"]
-_SUMS = ["requests", "timeouts"]
-_MEANS = COLUMNS[COLUMNS.index("timeout_rate"):]
+_MEDIANS = figures.aggregated(Agg.MEDIAN)
+_SUMS = figures.aggregated(Agg.SUM)
+_MEANS = figures.aggregated(Agg.MEAN)
 
 
 def attribution_columns(df: pd.DataFrame) -> list[str]:

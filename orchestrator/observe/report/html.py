@@ -23,6 +23,8 @@ from orchestrator.observe.analysis.knee import decode_needs_more
 from orchestrator.observe.report.comparison import TIMEOUT_MAJORITY
 from orchestrator.observe.report.sections import Extras
 from orchestrator.observe.report.tables import ReportOptions, Slo
+from orchestrator.values import figures
+from orchestrator.values.figures import Figure
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -255,34 +257,23 @@ def _fixed(fmt: str) -> Callable[[float], str]:
     return lambda v: fmt.format(v)
 
 
-# Evidence figure (a Diagnosis.evidence key, without its _lo / _hi end) -> (label, unit, formatter). The formatter
-# writes the number in that unit ("%" of a fraction is clipped to 0-100%; a utilisation is already a percent);
-# {lo} and {hi} in a label: the fewest and the most cores; a prefix's {}: the role after it.
+def _formatter(f: Figure) -> Callable[[float], str]:
+    """How the evidence table writes a figure in its ``shown`` unit ("%" of a fraction is clipped to 0-100%; a
+    utilisation is already a percent; a time shown in ms is seconds times 1000)."""
+    if f.shown == "%":
+        return (lambda v: f"{min(max(v, 0.0), 100.0):.0f}") if f.unit == "%" else \
+            (lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}")
+    if f.shown == "ms":
+        digits = f.digits
+        return _ms_text if digits is None else (lambda v: f"{1000 * v:.{digits}f}")
+    return _fixed(f"{{:.{f.digits or 0}f}}")
+
+
+# Evidence figure (a Diagnosis.evidence key, without its _lo / _hi end, or a family's prefix) -> (label, unit,
+# formatter), from the catalogue (orchestrator.values.figures: ``evidence``, ``label``, ``shown``, ``digits``).
 EVIDENCE: dict[str, tuple[str, str, Callable[[float], str]]] = {
-    "ttft_p50_s": ("TTFT p50", "ms", _ms_text),
-    "server_ttft_s_mean": ("server TTFT (mean)", "ms", _ms_text),
-    "server_frontend_s_mean": ("of which frontend: tokenization and request handling", "ms", _ms_text),
-    "server_rest_s_mean": ("of which queue and prefill", "ms", _ms_text),
-    "frontend_share": ("frontend share of server TTFT", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
-    "timeout_rate": ("requests timed out", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
-    "replica_cpu_util_mean": ("replica CPU busy", "%", lambda v: f"{min(max(v, 0.0), 100.0):.0f}"),
-    "gpu_util_mean": ("GPU busy", "%", lambda v: f"{min(max(v, 0.0), 100.0):.0f}"),
-    "gpu_profile_busy_frac": ("GPU busy (profiler)", "%", lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
-    "gpu_profile_gap_us_p99": ("GPU kernel gaps p99", "µs", _fixed("{:.0f}")),
-    "cpu_s_per_req_": ("CPU time per request: {}", "ms", lambda v: f"{1000 * v:.1f}"),
-    "runq_wait_s_": ("waiting for a core: {}", "s per window", _fixed("{:.2f}")),
-    "knee_cores": ("knee", "cores", _fixed("{:.0f}")),
-    "ttft_growth": ("TTFT p50 at {lo} / at {hi}", "x", _fixed("{:.2f}")),
-    "ttft_p50_top_step": ("TTFT p50 at the core count below {hi} / at {hi}", "x", _fixed("{:.2f}")),
-    "server_num_requests_running_mean": ("requests running in the engine (mean, at the most cores)", "",
-                                         _fixed("{:.1f}")),
-    "client_in_flight_mean": ("requests in flight (mean, at the most cores)", "", _fixed("{:.1f}")),
-    "running_share": ("share of those in flight running in the engine", "%",
-                      lambda v: f"{100 * min(max(v, 0.0), 1.0):.0f}"),
-    "core_counts_failed": ("core counts where every trial failed", "", _fixed("{:.0f}")),
-    "core_counts": ("core counts tried", "", _fixed("{:.0f}")),
-}
-_PREFIXED = ("cpu_s_per_req_", "runq_wait_s_")
+    f.stem: (f.label or f.key, f.shown, _formatter(f)) for f in figures.evidence()}
+_PREFIXED = tuple(f.stem for f in figures.evidence() if f.family)
 _GUESSED = (("_s", "ms", _ms_text), ("_frac", "%", EVIDENCE["frontend_share"][2]),
             ("_share", "%", EVIDENCE["frontend_share"][2]), ("_rate", "%", EVIDENCE["frontend_share"][2]),
             ("_us", "µs", _fixed("{:.0f}")), ("_ms", "ms", _fixed("{:.1f}")))

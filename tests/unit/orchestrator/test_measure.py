@@ -43,6 +43,7 @@ class FakeGpu:
 
 class FakeReplica:
     def __init__(self, clock: TickClock, gpu: FakeGpu, calls: list[str]) -> None:
+        self.reset = "True"  # the prefix_cache_reset param begin_window gives (orchestrator.values.figures)
         self.clock, self.gpu, self.calls = clock, gpu, calls
         self.alive = True
         self.sampler: TelemetrySampler | None = None
@@ -78,7 +79,7 @@ class FakeReplica:
                                         gpu_reader=self.gpu, cpu_percent=lambda: [100.0 if self.gpu.busy else 2.0] * 2)
         self.sampler.start()
         self.clock.listeners.append(self.sampler.sample_now)
-        return {"prefix_cache_reset": True}
+        return {"prefix_cache_reset": self.reset}
 
     def end_window(self, requests: int, span: WindowSpan | None) -> WindowFigures:
         self.calls.append("end_window")
@@ -171,6 +172,16 @@ def test_window_means_cover_the_requests_span_not_setup_or_tokenize_after(tmp_pa
     # the sampler never saw the 5 s of set-up nor the 5 s of tokenize-after: 10 s at 10 Hz, all busy
     gpu_rows = [r for r in result.telemetry if r["name"] == "gpu0_util"]
     assert len(gpu_rows) == 100 and summarize_series(result.telemetry)["gpu0_util_mean"] == pytest.approx(95.0)
+
+
+@pytest.mark.parametrize("reset,warned", [("True", False), ("off", False), ("False", True)])
+def test_a_failed_prefix_cache_reset_is_a_warning(tmp_path: Path, reset: str, warned: bool) -> None:
+    seq, replica, _ = _sequence(tmp_path)
+    replica.reset = reset
+    result = seq.run({"window_on_start": 1}, [], 0.0)
+    assert result.status is TrialStatus.COMPLETED, result.message
+    assert result.params["prefix_cache_reset"] == reset
+    assert any("prefix cache could not be reset" in w for w in result.warnings) is warned
 
 
 def test_trial_metrics_are_the_span_rows_means_not_every_rows(tmp_path: Path) -> None:
