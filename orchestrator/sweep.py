@@ -79,7 +79,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
             executor.close()
         search_lines = _search_end(controller.outcomes, tracker, spec.name)
         states = {tid: t.state for tid, t in controller.trials.items()}
-        time_use = log_time_use(executor.timelines, spec.name, ml.uri) + executor.references.summary()
+        time_use = log_time_use(executor.timelines, tracker, spec.name) + executor.references.summary()
         frame = tracked_frame(ml.uri, plan)
         report_line = write_sweep_report(spec, home, ml.uri)  # while MLflow still runs, to log the report to it
     if frame is None:  # MLflow unreachable: this run's results only (the rest is in the outbox)

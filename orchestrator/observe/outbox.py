@@ -2,11 +2,11 @@
 
 What MLflow receives is first built here as plain data (no MLflow import):
 :func:`sweep_payload` for the parent run and :func:`trial_payload` for a child
-run (params, tags, metrics, run name). :func:`stage_trial` materialises a trial
-payload as a folder; the tracker uploads from that folder, then either discards
-it (uploaded) or commits it into the outbox (MLflow unreachable). Both paths
-therefore upload exactly the same bytes, and ``orchestrator sync`` replays the
-outbox later.
+run (params, tags, metrics, run name). A trial's result comes in through :func:`put`
+alone: written whole into the outbox before any upload (write-ahead). The tracker
+(``orchestrator.observe.tracking``) then drains the outbox: it uploads each pending
+entry, oldest first, and removes it once MLflow has it; a trial's own result, the
+results left by an earlier outage and ``orchestrator sync`` all take that one way.
 
 Layout (dot-prefixed names are in-progress writes and are ignored by readers)::
 
@@ -188,9 +188,9 @@ def sweep_payload(plan: SweepPlan, *, experiment: str, git_commit: str | None,
     return payload
 
 
-def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | None = None,
-                  extra_metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """What one child run holds (everything but the parquet files and the artifacts folder)."""
+def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | None = None) -> dict[str, Any]:
+    """What one child run holds (everything but the parquet files and the artifacts folder): the result's own
+    metrics (derived once, by the executor's summary), and the tracker's ``num_records`` and ``trial_duration_s``."""
     finished = result.status is TrialStatus.COMPLETED
     tags = {
         "sweep": trial.sweep, "trial_id": trial.trial_id, "orchestrator.kind": "trial",
@@ -202,8 +202,7 @@ def trial_payload(trial: TrialSpec, result: TrialResult, *, git_commit: str | No
         tags["warnings"] = "\n".join(result.warnings)[:MAX_TAG_LEN]
     if git_commit:
         tags["git_commit"] = git_commit
-    metrics = dict(extra_metrics or {})
-    metrics.update(result.metrics)  # the executor's own values win over derived ones
+    metrics = dict(result.metrics)
     metrics["num_records"] = len(result.records)
     if result.started_at and result.ended_at >= result.started_at:
         metrics["trial_duration_s"] = result.ended_at - result.started_at
@@ -269,6 +268,19 @@ def stage_trial(outbox_dir: Path, payload: Mapping[str, Any], *, records: pd.Dat
         discard(path)  # never leave half a folder behind
         raise
     return path
+
+
+def put(outbox_dir: Path, sweep: Mapping[str, Any], trial: TrialSpec, result: TrialResult, *,
+        git_commit: str | None = None) -> OutboxEntry:
+    """A trial's result into the outbox, whole: its sweep's parent payload (``sweep.json``, refreshed), then the
+    trial's folder (payload, records, telemetry, artifacts) staged under a hidden name and renamed into place. The
+    only way in: the tracker uploads from here and removes the entry once MLflow has it (write-ahead), so a result
+    is on disk before anything can fail, and a crash or a dead server loses nothing."""
+    payload = trial_payload(trial, result, git_commit=git_commit)
+    write_sweep(outbox_dir, sweep)
+    staged = stage_trial(outbox_dir, payload, records=records_frame(result.records),
+                         telemetry=telemetry_frame(result.telemetry), artifacts_dir=result.artifacts_dir)
+    return OutboxEntry(commit(staged), payload)
 
 
 def commit(staged: Path) -> Path:
@@ -353,7 +365,7 @@ def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
     return True
 
 
-__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending",
+__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending", "put",
            "read_sweep", "read_sweep_end", "records_frame", "remove_sweep_if_empty", "run_name", "safe_key",
            "stage_trial", "sweep_payload", "sweeps", "telemetry_frame", "trial_params", "trial_payload",
            "write_sweep", "write_sweep_end"]

@@ -1,8 +1,8 @@
 """What a finished sweep reads from and adds to MLflow beyond its trials' runs.
 
 The trials as MLflow holds them (so resumed, skipped trials are in the final table too), and the run's
-time-use figures (the share of replica-held time inside windows), logged to the sweep's parent run.
-Neither may fail a finished sweep: an unreachable MLflow gives None or a warning line.
+time-use figures (the share of replica-held time inside windows), logged to the sweep's parent run through
+the tracker. Neither may fail a finished sweep: an unreachable MLflow gives None or a warning line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.observe.report.comparison import runs_frame
 from orchestrator.observe.time_use import between_leases, describe_time_use, share_metrics, unit_shares
-from orchestrator.observe.tracking import log_sweep_metrics, mlflow_server_ok, parent_run, trial_runs
+from orchestrator.observe.tracking import MlflowTracker, mlflow_server_ok, trial_runs
 from orchestrator.values.trial import SweepPlan
 
 
@@ -25,19 +25,15 @@ def tracked_frame(uri: str, plan: SweepPlan) -> pd.DataFrame | None:
     return frame if len(frame) else None
 
 
-def log_time_use(timelines: list, sweep: str, uri: str) -> list[str]:
-    """This run's share of replica-held time inside windows: logged to the sweep's run, and as lines to print."""
+def log_time_use(timelines: list, tracker: MlflowTracker, sweep: str) -> list[str]:
+    """This run's share of replica-held time inside windows: logged to the sweep's run (through the tracker, the one
+    MLflow writer), and as lines to print."""
     if not timelines:
         return []
     figures = share_metrics(unit_shares(timelines), between_leases(timelines))
-    try:
-        client = MlflowClient(uri) if mlflow_server_ok(uri) else None
-        parent = parent_run(client, sweep) if client is not None else None
-        if client is not None and parent is not None:
-            log_sweep_metrics(client, parent.info.run_id, figures)
-    except Exception as exc:  # noqa: BLE001 (a figure about the run must not fail it)
-        return [*describe_time_use(figures), f"warning: the time-use figures were not logged: {exc}"]
-    return describe_time_use(figures)
+    trouble = tracker.log_sweep_metrics(sweep, figures)
+    lines = describe_time_use(figures)
+    return lines if trouble is None else [*lines, f"warning: the time-use figures were not logged: {trouble}"]
 
 
 __all__ = ["log_time_use", "tracked_frame"]

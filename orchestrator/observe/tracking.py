@@ -22,8 +22,13 @@ Filter ``tags.superseded = 'false'`` to see the latest attempt of every trial.
 
 The child run is created only after the trial ended (``on_trial_result``), in one go, so
 tracking I/O never overlaps the measurement and a crash never leaves a half-run behind.
-When the server is unreachable the result goes to the local outbox (see
-``orchestrator.observe.outbox``) and :func:`sync_outbox` uploads it later.
+A result is first written whole into the local outbox (``orchestrator.observe.outbox.put``), then
+:func:`drain` uploads the sweep's pending entries and removes each once MLflow has it: the
+same way for a trial's own result, the results an outage left, and :func:`sync_outbox`. When the
+server is unreachable the entries simply stay, and ``orchestrator sync`` uploads them later.
+
+This module is the project's one MLflow writer: the parent run, the child runs, the sweep's
+metrics and tags, and the report's artifacts are all written here.
 """
 
 from __future__ import annotations
@@ -44,7 +49,6 @@ from mlflow.entities import Metric, Param, RunTag, ViewType
 
 from mlflow import MlflowClient
 from orchestrator.observe import outbox
-from orchestrator.observe.summary import summarize_series
 from orchestrator.values.callbacks import Callback, CallbackList
 from orchestrator.values.results import TrialResult
 from orchestrator.values.trial import SweepPlan, TrialSpec
@@ -116,15 +120,11 @@ def parent_run(client: MlflowClient, sweep: str) -> Any | None:
     return client.get_run(run_id) if run_id else None
 
 
-def log_sweep_metrics(client: MlflowClient, parent_run_id: str, metrics: Mapping[str, float]) -> None:
-    """Figures of the whole sweep (the share of held time inside windows) on its parent run."""
-    now = int(time.time() * 1000)
-    client.log_batch(parent_run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
-
-
-def log_report(client: MlflowClient, parent_run_id: str, folder: Path, artifact_path: str = "report") -> None:
+def log_report(uri: str, parent_run_id: str, folder: Path, artifact_path: str = "report") -> None:
     """Log a written report folder (``index.html``, plots, CSVs) as artifacts of the sweep's parent run."""
-    client.log_artifacts(parent_run_id, str(folder), artifact_path)
+    for k, v in _CLIENT_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    MlflowClient(uri).log_artifacts(parent_run_id, str(folder), artifact_path)
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
@@ -231,6 +231,19 @@ def upload_trial(client: MlflowClient, experiment_id: str, parent_run_id: str, e
     return run_id
 
 
+def drain(client: MlflowClient, experiment_id: str, parent_run_id: str, outbox_dir: Path, sweep: str, *,
+          max_series_points: int = 1000) -> int:
+    """The one way from the outbox to MLflow: each pending entry of ``sweep``, oldest first, becomes its child run
+    (:func:`upload_trial`) and is then removed. Returns how many were logged (an entry already on the server is
+    removed without a second run). Raises on the first failure: that entry and the later ones stay."""
+    logged = 0
+    for entry in outbox.pending(outbox_dir, sweep):
+        if upload_trial(client, experiment_id, parent_run_id, entry, max_series_points=max_series_points):
+            logged += 1
+        outbox.discard(entry.path)
+    return logged
+
+
 def _finish_parent(client: MlflowClient, experiment_id: str, parent_run_id: str, sweep: str,
                    planned: Iterable[str] | None = None) -> str:
     """Count the sweep's latest trial runs into parent metrics and end the parent; returns its status.
@@ -327,79 +340,81 @@ class MlflowTracker(Callback):
 
     def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None:
         with self._lock:
-            sweep = self._sweep_for(trial)
-            payload = outbox.trial_payload(trial, result, git_commit=self._git,
-                                           extra_metrics=summarize_series(result.telemetry))
-            staged = outbox.stage_trial(self.outbox_dir, payload, records=outbox.records_frame(result.records),
-                                        telemetry=outbox.telemetry_frame(result.telemetry),
-                                        artifacts_dir=result.artifacts_dir)
+            entry = outbox.put(self.outbox_dir, self._sweep_for(trial), trial, result, git_commit=self._git)
             if result.artifacts_dir and not Path(result.artifacts_dir).is_dir():
                 log.warning("trial %s: artifacts folder %s not found", trial.trial_id, result.artifacts_dir)
-            reason = "unreachable"
-            if self._up():
-                try:
-                    exp_id, parent = self._attach(reopen=True)
-                    upload_trial(self.client, exp_id, parent, outbox.OutboxEntry(staged, payload),
-                                 max_series_points=self.max_series_points)
-                    outbox.discard(staged)
-                    return
-                except Exception as exc:  # noqa: BLE001 (anything: keep the result locally)
-                    reason = f"failed: {type(exc).__name__}: {exc}"
-            outbox.write_sweep(self.outbox_dir, sweep)
-            path = outbox.commit(staged)
-            log.warning("MLflow at %s %s; trial %s (%s) saved to the outbox %s; upload later with "
-                        "`orchestrator sync`", self.tracking_uri, reason, trial.trial_id, payload["run_name"], path)
+            trouble = self._drain(trial.sweep, reopen=True)
+            if trouble is not None:
+                log.warning("MLflow at %s %s; trial %s (%s) saved to the outbox %s; upload later with "
+                            "`orchestrator sync`", self.tracking_uri, trouble, trial.trial_id,
+                            entry.payload["run_name"], entry.path)
 
     def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
         with self._lock:
             sweep = plan.spec.name
             if self._sweep is None or self._sweep["sweep"] != sweep or not self._sweep["plan"]:
                 self._set_sweep(plan)
-            if self._up():
+            assert self._sweep is not None  # set above
+            trouble = self._drain(sweep, reopen=False)
+            if trouble is None and not outbox.pending(self.outbox_dir, sweep):
                 try:
-                    exp_id, parent = self._attach(reopen=False)
-                    self._flush_outbox(sweep)
-                    if not outbox.pending(self.outbox_dir, sweep):
-                        status = _finish_parent(self.client, exp_id, parent, sweep, [t.trial_id for t in plan.trials])
-                        if status != "FINISHED":
-                            log.warning("sweep %s ended with trials left: its MLflow run is %s", sweep, status)
-                        outbox.clear_sweep_end(self.outbox_dir, sweep)
-                        outbox.remove_sweep_if_empty(self.outbox_dir, sweep)
-                        return
+                    assert self._exp_id is not None and self._parent_id is not None  # attached by the drain
+                    status = _finish_parent(self.client, self._exp_id, self._parent_id, sweep,
+                                            [t.trial_id for t in plan.trials])
+                    if status != "FINISHED":
+                        log.warning("sweep %s ended with trials left: its MLflow run is %s", sweep, status)
+                    outbox.clear_sweep_end(self.outbox_dir, sweep)
+                    outbox.remove_sweep_if_empty(self.outbox_dir, sweep)
+                    return
                 except Exception as exc:  # noqa: BLE001
                     log.warning("MLflow: could not close sweep %s: %s", sweep, exc)
-            assert self._sweep is not None  # set above
             outbox.write_sweep(self.outbox_dir, self._sweep)
             outbox.write_sweep_end(self.outbox_dir, sweep, {"ended_at": time.time(), "results": len(results)})
             log.warning("sweep %s ended with results still in the outbox %s; run `orchestrator sync`",
                         sweep, self.outbox_dir)
 
-    def _flush_outbox(self, sweep: str) -> None:
-        """Upload this sweep's earlier outbox entries now that the server answers again."""
-        assert self._exp_id is not None and self._parent_id is not None
-        for entry in outbox.pending(self.outbox_dir, sweep):
-            upload_trial(self.client, self._exp_id, self._parent_id, entry, max_series_points=self.max_series_points)
-            outbox.discard(entry.path)
+    def _drain(self, sweep: str, *, reopen: bool) -> str | None:
+        """Upload the sweep's pending outbox entries (this result and any an outage left), oldest first; None when
+        all went up, else what went wrong ("is unreachable", "failed: ..."): the rest stays for later."""
+        if not self._up():
+            return "is unreachable"
+        try:
+            exp_id, parent = self._attach(reopen=reopen)
+            drain(self.client, exp_id, parent, self.outbox_dir, sweep, max_series_points=self.max_series_points)
+        except Exception as exc:  # noqa: BLE001 (anything: the results stay in the outbox)
+            return f"failed: {type(exc).__name__}: {exc}"
+        return None
 
     def tag_sweep(self, sweep: str, tags: Mapping[str, str]) -> bool:
         """Set ``tags`` on the sweep's parent run (a knee search's stop reason and knee); False when it could
         not (MLflow unreachable, no parent yet, an error: logged), never raises."""
+        trouble = self._on_parent(sweep, "tags " + ", ".join(tags), lambda parent: self.client.log_batch(
+            parent, tags=[RunTag(k, str(v)[:outbox.MAX_TAG_LEN]) for k, v in tags.items()]))
+        if trouble is not None:
+            log.warning("sweep %s's tags %s not set: %s", sweep, ", ".join(tags), trouble)
+        return trouble is None
+
+    def log_sweep_metrics(self, sweep: str, metrics: Mapping[str, float]) -> str | None:
+        """Figures of the whole sweep (the share of held time inside windows) on its parent run; None when logged,
+        else why not (never raises: a figure about the run must not fail it)."""
+        now = int(time.time() * 1000)
+        return self._on_parent(sweep, "metrics", lambda parent: self.client.log_batch(
+            parent, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]))
+
+    def _on_parent(self, sweep: str, what: str, write: Any) -> str | None:
+        """``write(parent run id)`` on the sweep's parent run; None when done, else why not."""
         with self._lock:
             if not self._up():
-                log.warning("MLflow at %s is unreachable: sweep %s's tags %s not set", self.tracking_uri, sweep,
-                            ", ".join(tags))
-                return False
+                return f"MLflow at {self.tracking_uri} is unreachable"
             try:
                 exp = self.client.get_experiment_by_name(self._experiment_name(sweep))
                 parent = _find_parent(self.client, exp.experiment_id, sweep) if exp is not None else None
                 if parent is None:
-                    log.warning("sweep %s has no parent run in MLflow: tags %s not set", sweep, ", ".join(tags))
-                    return False
-                self.client.log_batch(parent, tags=[RunTag(k, str(v)[:outbox.MAX_TAG_LEN]) for k, v in tags.items()])
+                    return f"sweep {sweep} has no parent run in MLflow"
+                write(parent)
             except Exception as exc:  # noqa: BLE001 (tracking trouble never fails a sweep)
-                log.warning("MLflow: could not tag sweep %s: %s", sweep, exc)
-                return False
-        return True
+                return f"MLflow could not take the sweep's {what}: {type(exc).__name__}: {exc}"
+        return None
 
     # -- queries -------------------------------------------------------------------------
     def finished_trial_ids(self, sweep: str) -> set[str]:
@@ -447,10 +462,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
         assert info is not None
         try:
             exp_id, parent = ensure_parent(client, info, reopen=False)
-            for entry in outbox.pending(outbox_dir, sweep):
-                if upload_trial(client, exp_id, parent, entry, max_series_points=max_series_points):
-                    uploaded += 1
-                outbox.discard(entry.path)
+            uploaded += drain(client, exp_id, parent, outbox_dir, sweep, max_series_points=max_series_points)
             if outbox.read_sweep_end(outbox_dir, sweep) is not None:
                 _finish_parent(client, exp_id, parent, sweep, _planned(info))
                 outbox.clear_sweep_end(outbox_dir, sweep)
@@ -461,6 +473,6 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
     return uploaded, remaining
 
 
-__all__ = ["Callback", "CallbackList", "MlflowTracker", "ensure_parent", "git_commit", "log_report", "log_sweep_metrics",
+__all__ = ["Callback", "CallbackList", "MlflowTracker", "drain", "ensure_parent", "git_commit", "log_report",
            "mlflow_server_ok",
            "parent_run", "sync_outbox", "trial_runs", "upload_trial"]

@@ -28,6 +28,7 @@ from mlflow.exceptions import MlflowException
 from mlflow import MlflowClient
 from orchestrator.node.telemetry import TelemetrySampler, scrape
 from orchestrator.observe import outbox
+from orchestrator.observe.summary import summarize_series
 from orchestrator.observe.tracking import CallbackList, MlflowTracker, mlflow_server_ok, sync_outbox
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
@@ -121,7 +122,9 @@ def _ok(trial: TrialSpec, tmp: Path) -> TrialResult:
                       for i in range(3) for n, v in (("replica_cpu_util", 30.0), ("server_kv_cache_usage_perc", 0.1)))
     return TrialResult(
         trial_id=trial.trial_id, status=TrialStatus.COMPLETED, records=tuple(_record(i) for i in range(4)),
-        metrics={"ttft_s_p50": 0.04 * trial.cores, "goodput_rps": 3.5, "broken": float("nan")},
+        # the executor's summary holds the series' means and maxima (orchestrator.observe.summary.summarize_trial)
+        metrics={"ttft_s_p50": 0.04 * trial.cores, "goodput_rps": 3.5, "broken": float("nan"),
+                 **summarize_series(telemetry)},
         params={"vllm_version": "0.32.0", "cpu_model": "Test CPU", "restriction": "affinity",
                 "verified_replica_cpus": "0", "OMP_NUM_THREADS": str(trial.cores)},
         telemetry=telemetry, artifacts_dir=str(arts), started_at=time.time() - 30, ended_at=time.time())
@@ -296,6 +299,35 @@ def test_server_down_results_go_to_outbox_then_sync(server: _Server, tmp_path: P
     [cold_child] = _children(client, "trk-cold")
     assert cold_child.data.tags["mlflow.parentRunId"] == cold_parent.info.run_id
     assert cold_child.info.status == "FINISHED"
+
+
+def test_a_result_after_an_outage_takes_the_outage_results_up_with_it(server: _Server, tmp_path: Path):
+    # Every result is written into the outbox first and drained from there (write-ahead): the first result after
+    # MLflow comes back uploads the ones the outage left, oldest first, with no `orchestrator sync`.
+    box = tmp_path / "outbox"
+    plan = _plan("trk-drain", [1, 2, 3])
+    t1, t2, t3 = plan.trials
+    tracker = MlflowTracker(server.uri, outbox_dir=box)
+    tracker.on_sweep_start(plan)
+    try:
+        server.stop()
+        tracker.on_trial_result(t1, _ok(t1, tmp_path))
+        tracker.on_trial_result(t2, _failed(t2))
+        assert sorted(e.trial_id for e in outbox.pending(box)) == sorted([t1.trial_id, t2.trial_id])
+    finally:
+        server.start()
+    tracker.on_trial_result(t3, _ok(t3, tmp_path))
+    assert outbox.pending(box) == []
+    client = MlflowClient(server.uri)
+    runs = _children(client, "trk-drain")
+    assert {r.data.tags["trial_id"]: r.info.status for r in runs} == {
+        t1.trial_id: "FINISHED", t2.trial_id: "FAILED", t3.trial_id: "FINISHED"}
+    by_id = {r.data.tags["trial_id"]: r for r in runs}
+    assert by_id[t1.trial_id].info.start_time <= by_id[t3.trial_id].info.start_time
+    assert {"records.parquet", "vllm.log"} <= _artifact_paths(client, by_id[t1.trial_id].info.run_id)
+    tracker.on_sweep_end(plan, [])
+    assert [p.info.status for p in _parents(client, "trk-drain")] == ["FINISHED"]
+    assert not box.exists() or list(box.iterdir()) == []
 
 
 PROM_TEXT = """\

@@ -241,12 +241,10 @@ def publish(sweep: str, *, uri: str | None, outbox_dir: Path, out_dir: Path, opt
         return Published(files, data)
     if data.parent_run_id is None:
         return Published(files, data, warning=f"sweep {sweep!r} has no parent run in MLflow to log the report to")
-    # heavy: MLflow stays off write_report's path
-    from mlflow import MlflowClient
-    from orchestrator.observe.tracking import log_report
+    from orchestrator.observe.tracking import log_report  # heavy: MLflow stays off write_report's path
 
     try:
-        log_report(MlflowClient(uri), data.parent_run_id, files.folder)
+        log_report(uri, data.parent_run_id, files.folder)
     except Exception as exc:  # noqa: BLE001 (the folder is written; MLflow trouble only costs the copy)
         log.warning("report of %s not logged to MLflow: %s", sweep, exc)
         return Published(files, data, warning=f"not logged to MLflow: {type(exc).__name__}: {exc}")
