@@ -340,6 +340,8 @@ FIGURES: tuple[Figure, ...] = (
          "not)"), ("server_env", "the server's thread environment"), ("server_stack", "what served"),
         ("port", "the server's port"), ("vllm_command", "the server's command line"),
         ("vllm_version", "vLLM's version"))),
+    Figure("server_script", P, "", "a stand-in server that ran instead of vLLM (benchmarks only)", _REPLICA, NO,
+           when="stand-in", type=str),
     *(Figure(k, P, "", m, _ACTOR, NO, type=str) for k, m in (
         ("gpu_ids", "the GPUs"), ("gpu_name", "the GPU model"), ("hostname", "the node's host name"),
         ("node_id", "the Ray node"), ("platform", "the node's OS"), ("telemetry_cpus", "the sampler's cores"),
