@@ -360,7 +360,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("start_shared_with", P, "", "the trials of one shared start", _EXEC, NO, when="shared start", type=str),
     Figure("crosscheck_why", P, "", "why the references ran (crosscheck: auto)", _EXEC, NO, when="crosscheck auto",
            type=str),
-    Figure("crosscheck_order", P, "", "the order of harness and references", _MEASURE, NO, type=str),
+    Figure("crosscheck_order", P, "", "the order of harness and references", _MEASURE, NO, when="crosscheck",
+           type=str),
     Figure("replay_fidelity", P, "", "a one-line diagnosis of the replay's prefix reuse", _MEASURE, NO,
            when="fidelity", type=str),
     Figure("warmup_s", P, "", "the unmeasured warm-up's length", _MEASURE, NO, type=str),
@@ -388,9 +389,10 @@ FIGURES: tuple[Figure, ...] = (
         ("sweep", "the sweep's name"), ("trial_id", "the trial"), ("orchestrator.kind", "trial"),
         ("trial_status", "COMPLETED or FAILED"), ("error_kind", "the failure's kind"))),
     Figure("error_message", T, "", "the failure's message", _OUTBOX, NO, when="failed", type=str),
-    *(Figure(k, T, "", m, "mlflow", NO, type=str) for k, m in (
+    *(Figure(k, T, "", m, "mlflow", NO, type=str, when="always" if k == "mlflow.runName" else "a table logged")
+      for k, m in (
         ("mlflow.runName", "the run's name (like `tiny-llama c2 agentic-short r0`)"),
-        ("mlflow.loggedArtifacts", "MLflow's own list of logged artifacts"))),
+        ("mlflow.loggedArtifacts", "MLflow's own list of logged tables"))),
     Figure("warnings", T, "", "the trial's warnings", _OUTBOX, NO, when="warnings", type=str),
     Figure("git_commit", T, "", "the checkout's commit", _OUTBOX, NO, when="git", type=str),
     *(Figure(k, T, "", m, "orchestrator.observe.tracking", NO, type=str) for k, m in (
@@ -408,6 +410,8 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(k, Kind.SWEEP_TAG, "", m, _OUTBOX, NO, type=str) for k, m in (
         ("sweep", "the sweep's name"), ("orchestrator.kind", "sweep"))),
     Figure("mlflow.runName", Kind.SWEEP_TAG, "", "the sweep's name", "mlflow", NO, type=str),
+    Figure("mlflow.loggedArtifacts", Kind.SWEEP_TAG, "", "MLflow's own list of logged tables", "mlflow", NO,
+           when="a table logged", type=str),
     Figure("mlflow.source.git.commit", Kind.SWEEP_TAG, "", "the checkout's commit, where MLflow's UI shows it",
            _OUTBOX, NO, when="git", type=str),
     Figure("mlflow.note.content", Kind.SWEEP_TAG, "", "the sweep's description", _OUTBOX, NO, when="description",

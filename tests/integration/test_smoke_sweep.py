@@ -155,16 +155,18 @@ def test_every_key_the_sweep_logged_is_declared_and_every_always_figure_is_logge
     client = MlflowClient(mlflow_uri)
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id], max_results=100)
+    undeclared, missing = set(), set()
     for r in runs:
         child = "mlflow.parentRunId" in r.data.tags
         kinds = (Kind.METRIC, Kind.PARAM, Kind.TAG) if child else (Kind.SWEEP_METRIC, Kind.SWEEP_PARAM, Kind.SWEEP_TAG)
         for kind, keys in zip(kinds, (r.data.metrics, r.data.params, r.data.tags)):
-            assert figures.undeclared(keys, kind) == [], f"{kind.value}s not in the catalogue"
+            undeclared |= {f"{kind.value} {k}" for k in figures.undeclared(keys, kind)}
             if child and r.info.status != "FINISHED":
                 continue
             always = [f for f in figures.of_kind(kind) if f.when == "always"]
-            missing = [f.key for f in always if not any(f.matches(k) for k in keys)]
-            assert missing == [], f"{kind.value}s declared 'always' but not logged"
+            missing |= {f"{kind.value} {f.key}" for f in always if not any(f.matches(k) for k in keys)}
+    assert {"logged but not in the catalogue": sorted(undeclared), "declared 'always' but not logged": sorted(missing)} \
+        == {"logged but not in the catalogue": [], "declared 'always' but not logged": []}
 
 
 def test_nothing_is_left_running(resumed, killed):
