@@ -271,19 +271,24 @@ def _cmdline(p: psutil.Process) -> str:
         return ""
 
 
-def node_processes(folder: Path, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+def node_processes(folder: Path, exclude: Iterable[int] = (), marked_only: bool = False) -> list[psutil.Process]:
     """The node's processes: those whose environment carries its marker (every process of its SSH sessions,
-    Ray, MLflow, vLLM, the driver), and those whose command line names its folder (its sshd, the
-    launcher's ssh connections and their relays)."""
+    Ray, MLflow, vLLM, the driver) and, unless ``marked_only``, those whose command line names its folder
+    (its sshd, the launcher's ssh connections and their relays)."""
     skip = {os.getpid(), *exclude}
-    mark, name = str(folder), str(folder)
+    mark = str(folder)
     found = []
     for p in psutil.process_iter():
-        if p.pid in skip:
+        if p.pid in skip or not _alive(p):
             continue
-        if _environ(p).get(MARKER) == mark or name in _cmdline(p):
+        if _environ(p).get(MARKER) == mark or (not marked_only and mark in _cmdline(p)):
             found.append(p)
     return found
+
+
+def describe(procs: Iterable[psutil.Process]) -> list[str]:
+    """'pid command line' of each process (for messages)."""
+    return [f"{p.pid} {_cmdline(p)[:160]}" for p in procs]
 
 
 def _ancestors() -> set[int]:
@@ -293,20 +298,42 @@ def _ancestors() -> set[int]:
     return out
 
 
+def _alive(p: psutil.Process) -> bool:
+    """Running and not a zombie: a process that has exited but whose parent (not us) has not reaped it yet
+    holds nothing; psutil counts it as running."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each of ``procs`` has ended or ``timeout_s`` passed; the ones still alive."""
+    deadline = time.monotonic() + timeout_s
+    alive = procs
+    while True:
+        with contextlib.suppress(psutil.Error):
+            psutil.wait_procs([p for p in alive if p.ppid() == os.getpid()], timeout=0)  # reap our own children
+        alive = [p for p in alive if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def _end(procs: list[psutil.Process], grace_s: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """SIGTERM ``procs``, wait ``grace_s``, SIGKILL the rest; (ended by SIGTERM, needed SIGKILL)."""
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate()
-    gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _wait(procs, grace_s)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(alive, timeout=5)
-    return gone, alive
+    _wait(alive, 5)
+    return [p for p in procs if p not in alive], alive
 
 
-def stop_node(grace_s: float = 15.0) -> int:
+def stop_node(grace_s: float = 10.0) -> int:
     """``ray stop`` on the node: end every process that carries this node's marker but this command's own
     ancestry (the SSH session that runs it). New processes forked meanwhile are caught by further rounds."""
     folder = os.environ.get(MARKER)
@@ -314,16 +341,18 @@ def stop_node(grace_s: float = 15.0) -> int:
         print(f"stop-node: {MARKER} is not set: not on a loopback node; nothing is stopped by name", file=sys.stderr)
         return 2
     mine = _ancestors()
-    stopped, killed = 0, 0
+    stopped, killed = 0, []
     for _ in range(5):
         procs = [p for p in psutil.process_iter() if p.pid not in mine and p.pid != os.getpid()
-                 and _environ(p).get(MARKER) == folder]
+                 and _alive(p) and _environ(p).get(MARKER) == folder]
         if not procs:
             break
+        names = {p.pid: _cmdline(p)[:80] for p in procs}
         gone, alive = _end(procs, grace_s)
-        stopped, killed = stopped + len(gone), killed + len(alive)
-    print(f"Stopped {stopped} processes of the loopback node {folder}"
-          + (f"; {killed} needed SIGKILL" if killed else "") + ".")
+        stopped += len(gone)
+        killed += [f"{p.pid} {names[p.pid]}" for p in alive]
+    print(f"Stopped {stopped + len(killed)} processes of the loopback node {folder}"
+          + (f"; SIGKILL after {grace_s:.0f} s: {'; '.join(killed)}" if killed else "") + ".")
     return 0
 
 
@@ -354,7 +383,7 @@ def down(folder: Path, grace_s: float = 15.0) -> list[str]:
     files for it, the folder. Returns what was still running before this ('pid command')."""
     folder = folder.resolve()
     node = Node.load(folder)
-    left = [f"{p.pid} {_cmdline(p)[:160]}" for p in node_processes(folder)]
+    left = describe(p for p in node_processes(folder) if "sshd" not in p.name())  # its sshd runs until here
     cdir = control_dir(node.cluster_name)
     for sock in cdir.glob("*") if cdir.exists() else []:
         subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "loopback-node"], capture_output=True,
