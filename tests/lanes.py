@@ -21,8 +21,7 @@ the exit status is the worst of the lanes'. Arguments after ``--`` go to both py
 
 With ``--lanes 1`` (or one core) the suite runs as one ordinary pytest process.
 
-Neither lane runs the tests marked ``cluster`` (Ray's cluster launcher end to end, 4-6 minutes on 2 cores, more
-than CI's budget leaves): ``make test-cluster`` runs them.
+The tests marked ``cluster`` (Ray's cluster launcher end to end) are whole-node tests: they run in the first lane.
 """
 
 from __future__ import annotations
@@ -57,12 +56,12 @@ def plan_lanes(cpus: list[int], lanes: int) -> list[Lane]:
     if lanes < 1:
         raise ValueError(f"--lanes must be 1 or 2, not {lanes}")
     if lanes == 1 or len(cpus) < 2:
-        return [Lane("all", set(cpus), "not cluster")]
+        return [Lane("all", set(cpus), "integration or not integration")]
     if lanes != 2:
         raise ValueError(f"--lanes must be 1 or 2, not {lanes}")
-    return [Lane("node", set(cpus), "(whole_node or not integration) and not cluster",
+    return [Lane("node", set(cpus), "whole_node or not integration",
                  {"ORCH_HOUSEKEEPING_CPUS": str(min(cpus))}),
-            Lane("one-core", set(cpus), "integration and not whole_node and not cluster",
+            Lane("one-core", set(cpus), "integration and not whole_node",
                  {"ORCH_HOUSEKEEPING_CPUS": str(max(cpus))})]
 
 

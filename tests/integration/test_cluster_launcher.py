@@ -44,8 +44,8 @@ from mlflow.tracking import MlflowClient
 from orchestrator.infra import loopback_cluster as lc
 from orchestrator.infra.net import non_loopback_listeners
 
-# `cluster`: `make test-cluster` runs it, `make test` does not (4-6 minutes on 2 cores: tests/lanes.py).
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(900)]
+# `cluster`: `make test-cluster` runs it alone; `make test` runs it in the lane that sees every core (whole_node).
+pytestmark = [pytest.mark.integration, pytest.mark.whole_node, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

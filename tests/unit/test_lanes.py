@@ -1,5 +1,5 @@
-"""`make test`'s lanes (tests/lanes.py): every test runs in exactly one lane (those marked `cluster` in none), and
-the lanes' cores."""
+"""`make test`'s lanes (tests/lanes.py): every test runs in exactly one lane (the launcher test in the whole-node
+one), and the lanes' cores."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ def test_every_kind_of_test_runs_in_exactly_one_lane(cpus, n):
         has = {m for m, on in (("integration", integration), ("whole_node", whole_node), ("gpu", gpu)) if on}
         picked = [lane.name for lane in plan if _selects(lane.marks, has)]
         assert len(picked) == 1, (has, picked)
-        # the launcher test is `make test-cluster`'s alone
-        assert not [lane.name for lane in plan if _selects(lane.marks, has | {"cluster"})], has
+    # the launcher test (cluster, whole_node) runs once, in the lane that sees every core
+    launcher = [lane for lane in plan if _selects(lane.marks, {"integration", "whole_node", "cluster"})]
+    assert len(launcher) == 1 and launcher[0].cpus == set(cpus)
 
 
 def test_two_cores_make_two_lanes_whose_replicas_never_share_a_core():
