@@ -11,16 +11,17 @@ TrialSpec and TrialResult the executor returned); by default the newest under ``
 what ``make smoke`` leaves). Each upload is a new trial (the repeat index and the sweep change, so does the
 trial id).
 
-For each backend (``sqlite`` in the server's folder; ``postgres``, a cluster of its own started with
-``mlflow/postgres.sh`` on 127.0.0.1) and each server worker count, it starts a real ``mlflow server``
-(``orchestrator.infra.local_servers.mlflow_server``) and, for each writer count, runs that many writer
+For each server worker count it starts a real ``mlflow server`` (``orchestrator.infra.local_servers.mlflow_server``)
+per backend, both at once: ``sqlite`` in the server's folder, ``postgres`` on a cluster of its own started with
+``mlflow/postgres.sh`` on 127.0.0.1; each backend keeps one store for the whole run. For each writer count and
+repeat it runs a cell on each backend in turn (the order flips every repeat), each cell that many writer
 processes at once, each its own sweep, each first uploading one untimed result (its experiment and parent
 run), then ``--trials`` timed ones. Throughput: every timed upload / (last end - first start). A result the
 server refused lands in the writer's outbox, as in the product: counted as failed. At the end of a cell the
 server is asked how many child runs it holds: it must be every upload.
 
     python benchmarks/mlflow_backends.py [--trial DIR] [--backends sqlite,postgres] [--workers 2,4]
-        [--writers 1,4] [--trials 10] [--md out.md] [--csv out.csv]
+        [--writers 1,4] [--trials 15] [--repeats 2] [--md out.md] [--csv out.csv]
 
 Everything lives in one temp folder, removed at the end; the servers and PostgreSQL are stopped.
 """
@@ -35,8 +36,10 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -154,21 +157,25 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int) 
     for w in range(writers):
         d = scratch / f"{tag}-w{w}"
         d.mkdir(parents=True)
-        procs.append(ctx.Process(target=_writer, args=(uri, str(folder), str(d), f"bench-{tag}-w{w}", n, go, out)))
-    for p in procs:
-        p.start()
-    time.sleep(0.5)
-    # Every writer has made its experiment and parent before the clock starts: wait for their first runs.
-    client = MlflowClient(uri)
-    deadline = time.monotonic() + 300
-    while sum(_children(client, f"bench-{tag}-w{w}") for w in range(writers)) < writers:
-        if time.monotonic() > deadline or not any(p.is_alive() for p in procs):
-            raise SystemExit(f"{tag}: the writers' first uploads did not arrive")
-        time.sleep(0.2)
-    go.set()
-    results = [out.get(timeout=1800) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
+        procs.append(ctx.Process(target=_writer, args=(uri, str(folder), str(d), f"bench-{tag}-w{w}", n, go, out),
+                                 daemon=True))
+    try:
+        for p in procs:
+            p.start()
+        # Every writer has made its experiment and parent before the clock starts: wait for their first runs.
+        client = MlflowClient(uri)
+        deadline = time.monotonic() + 300
+        while sum(_children(client, f"bench-{tag}-w{w}") for w in range(writers)) < writers:
+            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+                raise SystemExit(f"{tag}: the writers' first uploads did not arrive")
+            time.sleep(0.2)
+        go.set()
+        results = [out.get(timeout=1800) for _ in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=60)
     spans = [t for r in results for t in r["times"]]
     wall = max(e for _, e in spans) - min(s for s, _ in spans)
     lat = sorted(e - s for s, e in spans)
@@ -206,7 +213,8 @@ def main() -> None:
     ap.add_argument("--backends", default="sqlite,postgres")
     ap.add_argument("--workers", default="2,4", help="mlflow server worker processes")
     ap.add_argument("--writers", default="1,4", help="writer processes at once (sweep drivers)")
-    ap.add_argument("--trials", type=int, default=10, help="timed uploads per writer")
+    ap.add_argument("--trials", type=int, default=15, help="timed uploads per writer")
+    ap.add_argument("--repeats", type=int, default=2, help="each cell this many times, the backends alternating")
     ap.add_argument("--md", type=Path)
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
@@ -218,43 +226,68 @@ def main() -> None:
         raise SystemExit(f"--backends: unknown {sorted(bad)} (sqlite, postgres)")
     workers = [int(w) for w in args.workers.split(",")]
     writers = [int(w) for w in args.writers.split(",")]
+    # A stop (Ctrl-C, kill) unwinds: the servers, PostgreSQL and the temp folder are cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     base = reachable_dir("mlflow-bench-")
     rows: list[dict[str, Any]] = []
     held: dict[str, Any] = {}
     try:
         payload = load_payload(folder, base / "probe")
         with contextlib.ExitStack() as stack:
-            for backend in backends:
-                uri = stack.enter_context(postgres(base / "postgres")) if backend == "postgres" else None
-                for nw in workers:
-                    home = base / backend  # one store per backend, restarted per worker count
-                    t0 = time.monotonic()
-                    with mlflow_server(home, port=free_port(), backend_uri=uri, workers=nw, timeout_s=180) as srv:
-                        up_s = time.monotonic() - t0
-                        for nwr in writers:
-                            tag = f"{backend}-s{nw}-c{nwr}"
-                            row = {"backend": backend, "server_workers": nw, "writers": nwr, "trials_per_writer":
-                                   args.trials, **cell(srv.uri, folder, base / "w", tag, nwr, args.trials),
-                                   "server_start_s": round(up_s, 1)}
-                            print(json.dumps(row), flush=True)
-                            rows.append(row)
-                            if not held:
-                                held = shape(payload, srv.uri, f"bench-{tag}-w0")
+            pg_uri = stack.enter_context(postgres(base / "postgres")) if "postgres" in backends else None
+            for nw in workers:
+                # Both backends' servers up at once, their cells alternating (ABBA over the repeats): load that
+                # others put on the machine falls on both alike.
+                servers, up = {}, {}
+                with contextlib.ExitStack() as running:
+                    for backend in backends:
+                        t0 = time.monotonic()
+                        uri = pg_uri if backend == "postgres" else None
+                        servers[backend] = running.enter_context(mlflow_server(
+                            base / backend, port=free_port(), backend_uri=uri, workers=nw, timeout_s=300)).uri
+                        up[backend] = round(time.monotonic() - t0, 1)
+                    for nwr in writers:
+                        for rep in range(args.repeats):
+                            for backend in (backends if rep % 2 == 0 else backends[::-1]):
+                                tag = f"{backend}-s{nw}-c{nwr}-r{rep}"
+                                row = {"backend": backend, "server_workers": nw, "writers": nwr, "repeat": rep,
+                                       "trials_per_writer": args.trials,
+                                       **cell(servers[backend], folder, base / "w", tag, nwr, args.trials),
+                                       "server_start_s": up[backend]}
+                                print(json.dumps(row), flush=True)
+                                rows.append(row)
+                                if backend not in held:
+                                    held[backend] = shape(payload, servers[backend], f"bench-{tag}-w0")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"payload: {folder} {json.dumps(held)}")
-    cols = ["backend", "server_workers", "writers", "uploads", "failed", "trials_per_s", "upload_p50_s",
-            "upload_max_s", "wall_s", "runs_stored", "runs_expected", "server_start_s"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    print("\n".join(lines))
+    summary = table(rows)
+    print(summary)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=[*cols, "trials_per_writer"], extrasaction="ignore")
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
             wr.writeheader()
             wr.writerows(rows)
     if args.md:
-        args.md.write_text("\n".join(lines) + f"\n\npayload: {json.dumps(held)}\n")
+        args.md.write_text(summary + f"\n\npayload: {json.dumps(held)}\n")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """One line per backend, server workers and writers: trial results per second (median of the repeats, and
+    each repeat), upload time p50 and max over every repeat, failed uploads, runs stored against expected."""
+    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["backend"], r["server_workers"], r["writers"]), []).append(r)
+    lines = ["| backend | server workers | writers | trials/s (median) | trials/s, each repeat | upload p50 s "
+             "| upload max s | failed | runs stored / expected |", "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    for (backend, nw, nwr), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        rates = [r["trials_per_s"] for r in rs]
+        lines.append(f"| {backend} | {nw} | {nwr} | {statistics.median(rates):.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in rates)} | {statistics.median(r['upload_p50_s'] for r in rs):.2f} | "
+                     f"{max(r['upload_max_s'] for r in rs):.2f} | {sum(r['failed'] for r in rs)} | "
+                     f"{sum(r['runs_stored'] for r in rs)} / {sum(r['runs_expected'] for r in rs)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
