@@ -54,7 +54,7 @@ find_bin() {
     dirname "$(readlink -f "$p")"; return
   fi
   # Debian keeps them off PATH, one folder per major version: take the newest.
-  p="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+  p="$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
   [[ -n "$p" && -x "$p/pg_ctl" ]] && echo "$p"
   return 0
 }
@@ -66,13 +66,14 @@ install_pg() {
          "install Debian's postgresql package, or set MLFLOW_PG_BIN" >&2
     return 1
   fi
-  # No "main" cluster and no system service: this script runs its own cluster. Only where the file is
-  # not there yet (it is the package's config file; --force-confold keeps ours).
+  # No "main" cluster, so no system service runs one: this script runs its own cluster. Written only where
+  # the file is not there yet; postgresql-common's set-up (ucf) then keeps it (UCF_FORCE_CONFFOLD).
   if [[ ! -e /etc/postgresql-common/createcluster.conf ]]; then
     mkdir -p /etc/postgresql-common
     echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
   fi
-  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confold postgresql)
+  local apt=(env DEBIAN_FRONTEND=noninteractive UCF_FORCE_CONFFOLD=1
+             apt-get install -y -q -o Dpkg::Options::=--force-confold postgresql)
   "${apt[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && "${apt[@]}" >/dev/null; } ||
     { echo "$me: apt-get install postgresql failed" >&2; return 1; }
   [[ -n "$(find_bin)" ]] || { echo "$me: postgresql installed, but no pg_ctl found" >&2; return 1; }
