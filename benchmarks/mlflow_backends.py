@@ -219,11 +219,11 @@ def main() -> None:
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # our own servers, never a user's
-    folder = (args.trial or newest_trial(Path(os.environ.get("ORCH_HOME", ".orchestrator")))).resolve()
     backends = args.backends.split(",")
     bad = set(backends) - {"sqlite", "postgres"}
     if bad:
         raise SystemExit(f"--backends: unknown {sorted(bad)} (sqlite, postgres)")
+    folder = (args.trial or newest_trial(Path(os.environ.get("ORCH_HOME", ".orchestrator")))).resolve()
     workers = [int(w) for w in args.workers.split(",")]
     writers = [int(w) for w in args.writers.split(",")]
     # A stop (Ctrl-C, kill) unwinds: the servers, PostgreSQL and the temp folder are cleaned up.

@@ -64,8 +64,9 @@ case "$backend" in
      python_bin="$(dirname "$mlflow_bin")/python"
      if [[ -x "$python_bin" ]] && ! MLFLOW_BACKEND_STORE_URI="$backend" "$python_bin" -c \
           "import os, sqlalchemy; sqlalchemy.create_engine(os.environ['MLFLOW_BACKEND_STORE_URI'])" 2>/dev/null; then
-       echo "server.sh: no database driver for ${backend%%://*}:// in $python_bin: for PostgreSQL" \
-            "install the project's cluster extra (pip install -e '.[cluster]', i.e. psycopg2-binary)" >&2
+       echo "server.sh: no database driver for ${backend%%://*}:// in $python_bin. For PostgreSQL, install" \
+            "the project's cluster extra (pip install -e '.[cluster]': psycopg2-binary) and name its driver in" \
+            "the URI, postgresql+psycopg2:// (as mlflow/postgres.sh prints it)" >&2
        exit 1
      fi ;;
 esac
