@@ -183,7 +183,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("gpu0_util_mean", M, "%", "GPU 0 busy (NVML), mean over the span", _SUMMARY, when="gpu", built=True,
            column=22),
     Figure("server_num_requests_running_mean", M, "count", "vllm:num_requests_running, mean over the span",
-           _SUMMARY, built=True, column=29, evidence=15, label="requests running in the engine (mean, at the most cores)",
+           _SUMMARY, when="a /metrics scrape in the span", built=True, column=29, evidence=15, label="requests running in the engine (mean, at the most cores)",
            digits=1),
     Figure("crosscheck_ttft_p50_ratio", M, "x", "harness / bare client TTFT p50, same workload and start state",
            "workloads.bare", when="crosscheck", built=True, column=25),
