@@ -54,9 +54,13 @@ class SimDeadlock(RuntimeError):
 class VirtualClock:
     """A discrete-event clock shared by the threads that take part (see the module docstring)."""
 
-    def __init__(self, lanes_expected: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, lanes_expected: Callable[[], int] = lambda: 0, pace: float | None = None) -> None:
         self.now = 0.0
         self.lanes_expected = lanes_expected
+        # Virtual seconds per real second, or None: as fast as the controller goes. Paced, an event waits for its
+        # real time to come (the lanes wait anyway), so observers see results arrive as a fleet would send them.
+        self.pace = pace
+        self._real0: float | None = None
         self._lock = threading.Lock()
         self._heap: list[tuple[float, int, Callable[[], bool]]] = []
         self._seq = 0
@@ -119,6 +123,9 @@ class VirtualClock:
         """Under the lock: while every lane is blocked, fire the earliest event; stop once one woke a lane."""
         while self._joined >= self.lanes_expected() and self._blocked == self._joined - self._left and self._heap:
             t, _, fn = heapq.heappop(self._heap)
+            if self.pace:
+                self._real0 = time.monotonic() if self._real0 is None else self._real0
+                time.sleep(max(0.0, self._real0 + t / self.pace - time.monotonic()))
             self.now = t
             self.events += 1
             if fn():
@@ -201,6 +208,7 @@ class SimStats:
     sim_cpu_s: float = 0.0   # CPU of the simulation's own code in the lanes (the book's calls excluded)
     book_cpu_s: float = 0.0  # CPU inside the real NodeBook's acquire/release
     lanes: int = 0
+    held_s: float = 0.0  # virtual node-seconds held by trials (waiting for a node not counted)
     by_node: dict[str, int] = field(default_factory=dict)  # attempts per node id
 
 
@@ -211,8 +219,8 @@ class SimExecutor:
                  faults: Iterable[Fault] = (), seed: int = 0, policy: Policy | None = None,
                  lanes_expected: Callable[[], int] = lambda: 0,
                  records: Callable[[TrialSpec, random.Random], tuple[Any, ...]] | None = None,
-                 epoch: float = 1.8e9) -> None:
-        self.clock = VirtualClock(lanes_expected)
+                 epoch: float = 1.8e9, pace: float | None = None) -> None:
+        self.clock = VirtualClock(lanes_expected, pace)
         self.durations = durations
         self.seed = seed
         self.records = records  # the request records of a completed window (a knee search reads them)
@@ -338,6 +346,7 @@ class SimExecutor:
         """Hold ``lease``'s node for ``seconds`` of virtual time; the time its node died instead, if it did."""
         if not self.alive(lease.node):
             return self.clock.now
+        t0 = self.clock.now
         end = threading.Event()
         with self.clock._lock:
             self._running.setdefault(lease.node, set()).add(end)
@@ -347,6 +356,7 @@ class SimExecutor:
         end.wait()
         with self.clock._lock:
             self._running.get(lease.node, set()).discard(end)
+            self.stats.held_s += self.clock.now - t0
             died = self._cut.get(lease.node)
         return died if died is not None and died <= self.clock.now else None
 
