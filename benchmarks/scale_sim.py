@@ -31,7 +31,9 @@ time as the controller's writer does (each result: a real H200 trial's metrics a
 146 request records, 10 telemetry series of 170 samples). With each scenario's results per second, that says
 from which node count the outbox would queue. ``--down``: at 512 nodes the fresh scenario paced to real time
 with the tracker as the controller's observer; the MLflow server is killed (SIGKILL to its process group) for
-``--down-s`` seconds and started again on the same store and port. Then: every trial has exactly one FINISHED
+``--down-s`` seconds and started again on the same store and port (``--down-payload light``, the default:
+the simulated results as they are, so the writes keep up with the fleet; ``real``: a real trial's payload, which
+this machine writes at under 1 a second, so the run lasts the 512 writes). Then: every trial has exactly one FINISHED
 run, none is missing, and the outbox is empty.
 
     python benchmarks/scale_sim.py [--nodes 8,64,512] [--scenarios fresh,repin,mixed,search] [--csv out.csv]
@@ -212,10 +214,14 @@ def figures(scenario: str, n: int, plan: SweepPlan, ex: SimExecutor, controller:
     span = max((r.ended_at for r in results), default=ex.epoch) - ex.epoch
     held = ex.stats.held_s
     per_min = Counter(int((r.ended_at - ex.epoch) // 60) for r in results)
-    # While trials are still being started every node has work: the rate then is the fleet's, free of the
-    # sweep's tail (the last trials ending one by one), which grows with N as the longest of N nodes' draws.
-    last_start = max((r.started_at for r in results), default=ex.epoch)
-    steady = sum(1 for r in ok if r.ended_at <= last_start) / max(1e-9, (last_start - ex.epoch) / 3600)
+    # The rate between the 25th and the 75th percent of the trials ending: the fleet's, free of the ramp (the
+    # first trials of every node end together) and of the tail (the last ones end one by one, and the longest of
+    # N nodes' draws grows with N).
+    ends = sorted(r.ended_at for r in ok)
+    steady = 0.0
+    if len(ends) >= 4:
+        lo, hi = ends[len(ends) // 4], ends[3 * len(ends) // 4]
+        steady = (3 * len(ends) // 4 - len(ends) // 4) / max(1e-9, (hi - lo) / 3600)
     controller_cpu = cpu - ex.stats.sim_cpu_s
     return {"scenario": scenario, "nodes": n, "trials": len(ran), "completed": len(ok),
             "cannot_fit": kinds.get("cannot_fit", 0), "node_died_attempts": ex.stats.node_died,
@@ -290,8 +296,8 @@ def tracker_rate(home: Path, uri: str | None, knee: KneeWindows, count: int) -> 
 class Writes(Callback):
     """Wraps the tracker as the controller's observer and gives each result a real trial's payload."""
 
-    def __init__(self, tracker: Any, knee: KneeWindows) -> None:
-        self.tracker, self.knee, self.row = tracker, knee, real_row()
+    def __init__(self, tracker: Any, knee: KneeWindows, real: bool = True) -> None:
+        self.tracker, self.knee, self.row, self.real = tracker, knee, real_row(), real
         self.rng = random.Random(2)
         self.write_s: list[float] = []
 
@@ -299,18 +305,23 @@ class Writes(Callback):
         self.tracker.on_sweep_start(plan)
 
     def on_trial_result(self, trial: TrialSpec, result: TrialResult) -> None:
-        if result.ok:
+        if result.ok and self.real:
             result = payload_result(trial, self.rng, self.knee, self.row, result.started_at, result.ended_at)
         t0 = time.monotonic()
         self.tracker.on_trial_result(trial, result)
         self.write_s.append(time.monotonic() - t0)
 
     def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
+        from orchestrator.observe import outbox
+
+        self.outbox_before_end = len(outbox.pending(self.tracker.outbox_dir))  # what the results left there
+        t0 = time.monotonic()
         self.tracker.on_sweep_end(plan, results)
+        self.end_s = time.monotonic() - t0
 
 
 def mlflow_down(home: Path, durations: Durations, knee: KneeWindows, down_s: float, at_s: float,
-                trials_per_node: int) -> dict[str, Any]:
+                trials_per_node: int, real_payload: bool) -> dict[str, Any]:
     """512 nodes, fresh, paced to real time, the tracker observing; MLflow killed at ``at_s`` for ``down_s``."""
     from mlflow import MlflowClient
     from orchestrator.observe import outbox
@@ -328,7 +339,7 @@ def mlflow_down(home: Path, durations: Durations, knee: KneeWindows, down_s: flo
     first = stack.enter_context(mlflow_server(home, port=port))
     uri = first.uri
     tracker = MlflowTracker(uri, outbox_dir=box)
-    writes = Writes(tracker, knee)
+    writes = Writes(tracker, knee, real_payload)
     ex = SimExecutor(fleet({"H200": n}), durations, plan=plan, seed=3, pace=1.0)
     controller = SweepController(plan, ex, observers=(writes,), max_concurrent=10 ** 6)
     ex.clock.lanes_expected = lambda: controller.lanes_used
@@ -349,6 +360,7 @@ def mlflow_down(home: Path, durations: Durations, knee: KneeWindows, down_s: flo
         assert s2.uri == uri, f"MLflow came back on {s2.uri}, not {uri}"
         events["back"] = time.monotonic()
         events["written_when_back"] = len(writes.write_s)
+        events["outbox_when_back"] = len(outbox.pending(box))
         holder.append(again)
 
     holder: list[Any] = []
@@ -380,6 +392,9 @@ def mlflow_down(home: Path, durations: Durations, knee: KneeWindows, down_s: flo
             "written_before_kill": queued_at_kill[0] if queued_at_kill else -1,
             "written_when_back": int(events.get("written_when_back", -1)),
             "write_s_median": round(statistics.median(writes.write_s), 3),
+            "outbox_when_back": int(events.get("outbox_when_back", -1)),
+            "outbox_at_sweep_end": getattr(writes, "outbox_before_end", -1),
+            "sweep_end_s": round(getattr(writes, "end_s", -1.0), 1),
             "finished_runs": sum(finished.values()), "trials_with_one_finished_run": sum(1 for c in finished.values() if c == 1),
             "duplicated": sum(1 for c in finished.values() if c > 1), "missing": len(planned - set(finished)),
             "latest_runs": len(runs), "outbox_left": left_in_outbox}
@@ -392,20 +407,26 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 
 
 def main() -> None:
+    global MIXED_512_REPEATS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="8,64,512")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", type=Path)
+    ap.add_argument("--mixed-512-repeats", type=int, default=MIXED_512_REPEATS,
+                    help="repeats of the mixed scenario at 512 nodes (8 below): 2 makes 256 lanes wait for H200 nodes")
     ap.add_argument("--mlflow", action="store_true", help="measure the MlflowTracker against a real server")
     ap.add_argument("--mlflow-uri", help="a postgresql:// tracking server to measure instead of a local sqlite one")
     ap.add_argument("--mlflow-results", type=int, default=40)
     ap.add_argument("--down", action="store_true", help="512 nodes paced to real time, MLflow killed for --down-s")
     ap.add_argument("--down-s", type=float, default=60.0)
     ap.add_argument("--down-at-s", type=float, default=150.0)
-    ap.add_argument("--down-trials-per-node", type=int, default=2)
+    ap.add_argument("--down-trials-per-node", type=int, default=1)
+    ap.add_argument("--down-payload", choices=("light", "real"), default="light",
+                    help="light: the simulated result as it is (a few params, one metric); real: a real trial's")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    MIXED_512_REPEATS = args.mixed_512_repeats
     durations = h200_durations()
     print(f"durations: {len(durations.started)} started ({min(durations.started):.0f}-{max(durations.started):.0f} s), "
           f"{len(durations.warm)} warm ({min(durations.warm):.0f}-{max(durations.warm):.0f} s)")
@@ -445,7 +466,7 @@ def main() -> None:
                               f"{rate['results_per_s']}/s is reached at {rate['results_per_s'] / need(r):.0f} nodes")
             if args.down:
                 print(mlflow_down(Path(tmp) / "down", durations, knee, args.down_s, args.down_at_s,
-                                  args.down_trials_per_node))
+                                  args.down_trials_per_node, args.down_payload == "real"))
 
 
 if __name__ == "__main__":
