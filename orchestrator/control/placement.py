@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from orchestrator.values.trial import TrialSpec
+
 Policy = Literal["exclusive", "packed"]
 ACCEL_LABEL = "ray.io/accelerator-type"
 NODE_LABEL = "ray.io/node-id"  # every Ray node carries it; a placement group is pinned to a node through it
@@ -71,6 +73,13 @@ class Need:
     def __str__(self) -> str:
         client = f" + {self.client} client" if self.client else ""
         return f"{self.cores}{client} cores, {self.gpus} GPUs of {self.hardware}"
+
+
+def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
+    """What the trial holds on its node: the replica's cores and, unless it shares them, the client's."""
+    iso = trial.client.isolation
+    return Need(cores=cores or trial.cores, gpus=trial.gpus, hardware=trial.hardware,
+                client=0 if iso == "share" else trial.client.cores, client_shared=iso != "require")
 
 
 class CannotPlace(RuntimeError):
@@ -201,4 +210,4 @@ class NodeBook:
             self._cond.notify_all()
 
 
-__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy"]
+__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy", "need_of"]

@@ -52,7 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.controller import Phase, PhaseHook, notify_phase
 from orchestrator.control.measure import Window, WindowSequence, flat_params
-from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Need, Node, NodeBook, Policy
+from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Node, NodeBook, Policy, need_of
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.plan.expand import replica_key, start_key
@@ -73,13 +73,6 @@ def bundle_for(trial: TrialSpec, cores: int | None = None) -> dict[str, float]:
     if trial.gpus:
         bundle["GPU"] = float(trial.gpus)
     return bundle
-
-
-def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
-    """What the trial holds on its node: the replica's cores and, unless it shares them, the client's."""
-    iso = trial.client.isolation
-    return Need(cores=cores or trial.cores, gpus=trial.gpus, hardware=trial.hardware,
-                client=0 if iso == "share" else trial.client.cores, client_shared=iso != "require")
 
 
 # Lease events (``_Lease.mark``, orchestrator.observe.time_use) that start a phase a display shows; the
