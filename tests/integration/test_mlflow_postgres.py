@@ -27,6 +27,7 @@ import pytest
 from mlflow import MlflowClient
 from orchestrator.infra.local_servers import free_port, kill_group, listens_in_tree, still_running, tree
 from orchestrator.observe import outbox
+from orchestrator.observe.summary import summarize_series
 from orchestrator.observe.tracking import MlflowTracker, mlflow_server_ok
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
@@ -72,7 +73,9 @@ def _result(trial, arts: Path) -> TrialResult:
     telemetry = tuple({"t": 0.5 * i, "name": "replica_cpu_util", "value": 40.0 + i} for i in range(20))
     now = time.time()
     return TrialResult(trial_id=trial.trial_id, status=TrialStatus.COMPLETED, records=tuple(records),
-                       metrics=summarize(records), params={"vllm_version": "0.26.0", "restriction": "cpuset"},
+                       # as the executor's summary: the client's figures and the series' means and maxima
+                       metrics={**summarize(records), **summarize_series(telemetry)},
+                       params={"vllm_version": "0.26.0", "restriction": "cpuset"},
                        telemetry=telemetry, artifacts_dir=str(arts), started_at=now - 30, ended_at=now)
 
 
