@@ -262,11 +262,9 @@ def real_row() -> dict[str, Any]:
 def server(home: Path, uri: str | None, port: int | None = None):
     from orchestrator.infra.local_servers import mlflow_server  # only with --mlflow: keeps a plain run light
 
-    if uri:  # an external backend (postgresql://... behind a server the caller runs)
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-    else:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    with mlflow_server(home, port=port or 5000) as s:
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # always a server of this run's own
+    # ``uri``: its backend store (a PostgreSQL from mlflow/postgres.sh uri); default sqlite in ``home``
+    with mlflow_server(home, port=port or 5000, backend_uri=uri) as s:
         yield s
 
 
@@ -416,7 +414,8 @@ def main() -> None:
     ap.add_argument("--mixed-512-repeats", type=int, default=MIXED_512_REPEATS,
                     help="repeats of the mixed scenario at 512 nodes (8 below): 2 makes 256 lanes wait for H200 nodes")
     ap.add_argument("--mlflow", action="store_true", help="measure the MlflowTracker against a real server")
-    ap.add_argument("--mlflow-uri", help="a postgresql:// tracking server to measure instead of a local sqlite one")
+    ap.add_argument("--mlflow-uri", help="the backend store of the MLflow server this starts (a PostgreSQL: "
+                    "`mlflow/postgres.sh uri`) instead of sqlite")
     ap.add_argument("--mlflow-results", type=int, default=40)
     ap.add_argument("--down", action="store_true", help="512 nodes paced to real time, MLflow killed for --down-s")
     ap.add_argument("--down-s", type=float, default=60.0)
