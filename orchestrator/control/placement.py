@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from orchestrator.plan.expand import replica_key
 from orchestrator.values.trial import TrialSpec
 
 Policy = Literal["exclusive", "packed"]
@@ -80,6 +81,21 @@ def need_of(trial: TrialSpec, cores: int | None = None) -> Need:
     iso = trial.client.isolation
     return Need(cores=cores or trial.cores, gpus=trial.gpus, hardware=trial.hardware,
                 client=0 if iso == "share" else trial.client.cores, client_shared=iso != "require")
+
+
+def group_max_cores(trials: Iterable[TrialSpec]) -> dict[str, int]:
+    """Per replica group (``plan.expand.replica_key``), its largest core count over ``trials``."""
+    out: dict[str, int] = {}
+    for t in trials:
+        k = replica_key(t)
+        out[k] = max(out.get(k, 0), t.cores)
+    return out
+
+
+def lease_cores(trial: TrialSpec, max_cores: dict[str, int]) -> int:
+    """The cores a trial's lease reserves: its own on a fresh start; a repin or sized group's largest count
+    (``max_cores``, from :func:`group_max_cores`: its replica starts there)."""
+    return trial.cores if trial.start == "fresh" else max_cores.get(replica_key(trial), trial.cores)
 
 
 class CannotPlace(RuntimeError):
@@ -210,4 +226,5 @@ class NodeBook:
             self._cond.notify_all()
 
 
-__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy", "need_of"]
+__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy", "group_max_cores",
+           "lease_cores", "need_of"]

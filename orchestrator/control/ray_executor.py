@@ -52,7 +52,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.control.controller import Phase, PhaseHook, notify_phase
 from orchestrator.control.measure import Window, WindowSequence, flat_params
-from orchestrator.control.placement import NODE_LABEL, Cancelled, CannotPlace, Node, NodeBook, Policy, need_of
+from orchestrator.control.placement import (
+    NODE_LABEL,
+    Cancelled,
+    CannotPlace,
+    Node,
+    NodeBook,
+    Policy,
+    group_max_cores,
+    lease_cores,
+    need_of,
+)
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
 from orchestrator.observe.time_use import STEP, timeline_from_events
 from orchestrator.plan.expand import replica_key, start_key
@@ -185,10 +195,7 @@ class RayTrialExecutor:
         self.placement_timeout_s = placement_timeout_s
         self.policy: Policy = policy or (plan.spec.placement if plan else "exclusive")
         self.book = NodeBook(_inventory, self.policy)
-        self.max_cores: dict[str, int] = {}
-        for t in plan.trials if plan else ():
-            k = replica_key(t)
-            self.max_cores[k] = max(self.max_cores.get(k, 0), t.cores)
+        self.max_cores = group_max_cores(plan.trials if plan else ())
         # crosscheck: auto: which windows run the reference clients (the plan's ends of each configuration)
         self.references = ReferencePlan(plan.trials if plan else ())
         self._lanes: list[_Lane] = []
@@ -221,10 +228,8 @@ class RayTrialExecutor:
         return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
 
     def lease_cores(self, trial: TrialSpec) -> int:
-        """The cores a trial's lease reserves: a repin or sized group's largest count (its replica starts there)."""
-        if trial.start == "fresh":
-            return trial.cores
-        return self.max_cores.get(replica_key(trial), trial.cores)  # repin, sized: the group's most
+        """The cores a trial's lease reserves (``placement.lease_cores``)."""
+        return lease_cores(trial, self.max_cores)
 
     def cancel(self) -> None:
         """The sweep is stopping: trials waiting for a node stop waiting."""

@@ -41,7 +41,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.control.placement import Cancelled, CannotPlace, Need, Node, NodeBook, Policy, need_of
+from orchestrator.control.placement import (
+    Cancelled,
+    CannotPlace,
+    Need,
+    Node,
+    NodeBook,
+    Policy,
+    group_max_cores,
+    lease_cores,
+    need_of,
+)
 from orchestrator.plan.expand import replica_key, start_key
 from orchestrator.values.results import ErrorKind, TrialResult, TrialStatus
 from orchestrator.values.trial import SweepPlan, TrialSpec
@@ -228,10 +238,7 @@ class SimExecutor:
         self.policy: Policy = policy or plan.spec.placement
         self._nodes: dict[str, tuple[SimNode, float, float]] = {n.node_id: (n, 0.0, float("inf")) for n in nodes}
         self.book = NodeBook(self._inventory, self.policy)
-        self.max_cores: dict[str, int] = {}
-        for t in plan.trials:
-            k = replica_key(t)
-            self.max_cores[k] = max(self.max_cores.get(k, 0), t.cores)
+        self.max_cores = group_max_cores(plan.trials)
         self.stats = SimStats()
         self._lock = threading.Lock()
         self._node_waiters: list[threading.Event] = []
@@ -293,7 +300,7 @@ class SimExecutor:
         return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
 
     def lease_cores(self, trial: TrialSpec) -> int:
-        return trial.cores if trial.start == "fresh" else self.max_cores.get(replica_key(trial), trial.cores)
+        return lease_cores(trial, self.max_cores)
 
     def cancel(self) -> None:
         self.book.cancel()

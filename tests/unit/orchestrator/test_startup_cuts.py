@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 
+from orchestrator.control.placement import group_max_cores
 from orchestrator.control.ray_executor import RayTrialExecutor
 from orchestrator.node.replica import build_vllm_command, inherited_env, server_env
 from orchestrator.node.serve_replica import host_env
@@ -102,10 +103,7 @@ def test_new_server_fields_keep_old_trial_ids():
 def test_sized_start_reserves_the_groups_most_cores_and_sizes_pools_for_the_trial():
     plan = expand(spec(grid={"start": ["fresh", "sized"]}, repeats=1))  # one repeat: one trial per core count
     ex = RayTrialExecutor.__new__(RayTrialExecutor)  # lease_cores needs only the plan's group maxima
-    ex.max_cores = {}
-    from orchestrator.plan.expand import replica_key
-    for t in plan.trials:
-        ex.max_cores[replica_key(t)] = max(ex.max_cores.get(replica_key(t), 0), t.cores)
+    ex.max_cores = group_max_cores(plan.trials)
     sized = [t for t in plan.trials if t.start == "sized"]
     fresh = [t for t in plan.trials if t.start == "fresh"]
     assert [t.cores for t in sized] == [1, 2, 4]
