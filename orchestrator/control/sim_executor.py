@@ -99,35 +99,22 @@ class VirtualClock:
         self._seq += 1
         heapq.heappush(self._heap, (max(t, self.now), self._seq, fn))
 
-    def sleep_until(self, t: float) -> None:
-        """Block the calling lane until the clock reaches ``t``."""
-        woken = threading.Event()
-
-        def wake() -> bool:
-            woken.set()
-            return True
-
+    def sleep_until(self, t: float, woken: threading.Event | None = None) -> None:
+        """Block the calling lane until the clock reaches ``t``, or until ``woken`` is set by an earlier event (a node
+        that died cuts its trial short)."""
+        woken = woken or threading.Event()
         with self._lock:
-            self._push(t, wake)
+            self._push(t, _setter(woken))
             self._blocked += 1
             self._advance()
         woken.wait()
 
     def block(self, woken: threading.Event) -> None:
-        """Block the calling lane until someone schedules ``woken.set`` (through :meth:`wake_at_now`)."""
+        """Block the calling lane until an event sets ``woken`` (a node freed: ``SimExecutor._wake_node_waiters``)."""
         with self._lock:
             self._blocked += 1
             self._advance()
         woken.wait()
-
-    def wake_at_now(self, woken: threading.Event) -> None:
-        """Wake a lane blocked in :meth:`block`, at the current time, in turn with the other events."""
-
-        def wake() -> bool:
-            woken.set()
-            return True
-
-        self.at(self.now, wake)
 
     def _advance(self) -> None:
         """Under the lock: while every lane is blocked, fire the earliest event; stop once one woke a lane."""
@@ -355,12 +342,9 @@ class SimExecutor:
             return self.clock.now
         t0 = self.clock.now
         end = threading.Event()
-        with self.clock._lock:
+        with self.clock._lock:  # only this lane runs now (the others wait on the clock): no event fires in between
             self._running.setdefault(lease.node, set()).add(end)
-            self.clock._push(self.clock.now + seconds, _setter(end))
-            self.clock._blocked += 1
-            self.clock._advance()
-        end.wait()
+        self.clock.sleep_until(t0 + seconds, end)
         with self.clock._lock:
             self._running.get(lease.node, set()).discard(end)
             self.stats.held_s += self.clock.now - t0
