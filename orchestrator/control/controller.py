@@ -425,8 +425,7 @@ class SweepController:
         """Each configuration's search, one trial at a time (see the module docstring)."""
         history = self.history() if done_before else {}
         groups = configurations(self.plan.trials)
-        order = {id(g[0]): i for i, g in enumerate(groups)}
-        ended: dict[int, tuple[Outcome, set[str]]] = {}  # configuration's index -> how its search ended, its trials
+        ended: dict[str, tuple[Outcome, set[str]]] = {}  # configuration's first trial -> how its search ended, its trials
         ended_lock = threading.Lock()
 
         def search_one(group: list[TrialSpec], lane: Lane, keep: Callable[[TrialResult], None]) -> bool:
@@ -448,7 +447,7 @@ class SweepController:
                               group[0].gpus)
             log.info("%s", outcome.line())
             with ended_lock:
-                ended[order[id(group[0])]] = (outcome, {t.trial_id for t in done})
+                ended[group[0].trial_id] = (outcome, {t.trial_id for t in done})
             return True
 
         lanes = self._lanes(list(self.plan.trials), len(groups))
@@ -460,7 +459,7 @@ class SweepController:
             else:
                 self._run_lanes(groups, lanes, results, run=search_one)
         finally:  # in the configurations' order, however the lanes finished (an interrupt: those that ended)
-            self.outcomes = [ended[i][0] for i in sorted(ended)]
+            self.outcomes = [ended[g[0].trial_id][0] for g in groups if g[0].trial_id in ended]
         ran = set().union(*(trials for _, trials in ended.values()))
         self._end_plan = self.plan.model_copy(update={"trials": tuple(t for t in self.plan.trials if t.trial_id in ran)})
 

@@ -165,4 +165,5 @@ def test_a_knee_search_runs_its_configurations_side_by_side_and_decides_as_one_a
     assert [(o.label, o.stop, o.trials, o.estimate.knee) for o in c.outcomes] == \
            [(o.label, o.stop, o.trials, o.estimate.knee) for o in alone.outcomes]
     assert [o.estimate.knee for o in c.outcomes] == [4, 4]
+    assert ["w0" in o.label for o in c.outcomes] == [True, False]  # in the plan's order, however the lanes ended
     assert side.clock.now < 0.75 * one.clock.now  # two nodes at once, not one
