@@ -40,7 +40,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,12 @@ _BATCH_PARAMS = 100
 _BATCH_METRICS = 1000
 _SWEEP_KIND = "tags.`orchestrator.kind` = 'sweep'"
 _TRIAL_KIND = "tags.`orchestrator.kind` = 'trial'"
+
+
+def _client_defaults() -> None:
+    """Set :data:`_CLIENT_DEFAULTS` where the user has not: before any MLflow client is made."""
+    for k, v in _CLIENT_DEFAULTS.items():
+        os.environ.setdefault(k, v)
 
 
 def mlflow_server_ok(uri: str, timeout_s: float = 2.0) -> bool:
@@ -122,8 +128,7 @@ def parent_run(client: MlflowClient, sweep: str) -> Any | None:
 
 def log_report(uri: str, parent_run_id: str, folder: Path, artifact_path: str = "report") -> None:
     """Log a written report folder (``index.html``, plots, CSVs) as artifacts of the sweep's parent run."""
-    for k, v in _CLIENT_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+    _client_defaults()
     MlflowClient(uri).log_artifacts(parent_run_id, str(folder), artifact_path)
 
 
@@ -277,8 +282,7 @@ class MlflowTracker(Callback):
     def __init__(self, tracking_uri: str, *, experiment: str | None = None, outbox_dir: Path,
                  spec_path: Path | None = None, client: MlflowClient | None = None,
                  health_timeout_s: float = 2.0, max_series_points: int = 1000) -> None:
-        for k, v in _CLIENT_DEFAULTS.items():
-            os.environ.setdefault(k, v)
+        _client_defaults()
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.outbox_dir = Path(outbox_dir)
@@ -401,7 +405,7 @@ class MlflowTracker(Callback):
         return self._on_parent(sweep, "metrics", lambda parent: self.client.log_batch(
             parent, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]))
 
-    def _on_parent(self, sweep: str, what: str, write: Any) -> str | None:
+    def _on_parent(self, sweep: str, what: str, write: Callable[[str], object]) -> str | None:
         """``write(parent run id)`` on the sweep's parent run; None when done, else why not."""
         with self._lock:
             if not self._up():
@@ -448,8 +452,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
     server is dropped, never duplicated. Each folder is removed only after its upload
     succeeded; a sweep that ended while offline is closed once all its trials are up.
     """
-    for k, v in _CLIENT_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+    _client_defaults()
     outbox_dir = Path(outbox_dir)
     if not mlflow_server_ok(tracking_uri):
         left = len(outbox.pending(outbox_dir))
