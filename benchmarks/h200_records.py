@@ -20,7 +20,8 @@ WINDOW_METRICS = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "num_records", "win
                   "replica_cpu_util_mean", "replica_tree_cpu_s", "cpu_s_api_server", "cpu_s_engine_core",
                   "cpu_s_gpu_worker", "runq_wait_s_api_server", "runq_wait_s_engine_core", "api_server_threads",
                   "engine_core_threads", "cgroup_periods", "cgroup_throttled_periods", "cgroup_throttled_frac",
-                  "cgroup_throttled_s", "gpu0_util_mean", "completion_tokens_mean")
+                  "cgroup_throttled_s", "gpu0_util_mean", "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean",
+                  "gpu0_clock_slowdown_mean", "completion_tokens_mean")
 # Stack categories (telemetry.stacks): CPU-s per request of each role in each category, every one the window logged.
 CATEGORY_PREFIX = "cpu_s_per_req_"
 

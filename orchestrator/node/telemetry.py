@@ -10,8 +10,8 @@ Two kinds of facts, kept apart:
   (``model_name``, ``engine``), so data-parallel engines add up.
 * **Sampled series.** :class:`TelemetrySampler` runs in background threads
   during the window and records rows ``{"t", "name", "value"}``: per-core CPU
-  utilisation of the replica's and the client's cores, GPU utilisation and
-  memory (NVML, absent on CPU machines), and the gauges of ``/metrics`` (running,
+  utilisation of the replica's and the client's cores, GPU utilisation, memory
+  and clock state (NVML, absent on CPU machines), and the gauges of ``/metrics`` (running,
   waiting, KV usage) at a lower rate. :func:`summarize_series` reduces the rows
   to ``<name>_mean`` / ``<name>_max``.
 * **Counter readings.** The same sampler reads cumulative counters (the replica's CPU accounting
@@ -244,15 +244,28 @@ def delta(before: MetricsSnapshot, after: MetricsSnapshot, seconds: float | None
 
 
 class GpuReader(Protocol):
-    """Reads ``{index: (util_percent, mem_used_gib)}`` for the GPUs being watched."""
+    """Reads ``{index: {reading: value}}`` for the GPUs being watched; each reading becomes the series
+    ``gpu<index>_<reading>`` (``util`` percent and ``mem_gib`` always; NVML adds the clock readings of
+    :data:`GPU_CLOCK_READINGS` where the driver has them)."""
 
-    def read(self) -> dict[int, tuple[float, float]]: ...
+    def read(self) -> dict[int, dict[str, float]]: ...
 
     def close(self) -> None: ...
 
 
+# Why a GPU's clocks were held down, from NVML's clock-event reasons: a power cap, a thermal limit or a
+# hardware slowdown. Left out: the GPU idling, an application clock setting, sync boost, the display clock.
+SLOWDOWN_REASONS = 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+# The GPU's clock state, read beside utilisation so a window's figure can be set against the clocks it ran
+# at (issue 31's "GPU clocks" candidate): the SM clock (MHz), the board's power draw (W) and whether a
+# slowdown reason held the clocks down (1 or 0; its mean is the share of samples slowed).
+GPU_CLOCK_READINGS = ("sm_clock_mhz", "power_w", "clock_slowdown")
+
+
 class NvmlReader:
-    """GPU utilisation and memory through NVML (nvidia-ml-py). Indices are NVML (physical) indices."""
+    """GPU utilisation, memory and clock state through NVML (nvidia-ml-py). Indices are NVML (physical)
+    indices. A clock reading the driver does not support is left out from then on; utilisation and memory
+    are required."""
 
     def __init__(self, indices: Sequence[int] | None = None) -> None:
         import pynvml  # optional: nvidia-ml-py, on GPU machines only (ImportError on CPU-only installs)
@@ -262,13 +275,27 @@ class NvmlReader:
         count = pynvml.nvmlDeviceGetCount()
         wanted = range(count) if indices is None else [i for i in indices if 0 <= i < count]
         self._handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in wanted}
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._clock_readings: dict[str, Callable[[Any], float]] = {
+            "sm_clock_mhz": lambda h: float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+            "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        }
+        if reasons is not None:
+            self._clock_readings["clock_slowdown"] = lambda h: float(bool(reasons(h) & SLOWDOWN_REASONS))
 
-    def read(self) -> dict[int, tuple[float, float]]:
+    def read(self) -> dict[int, dict[str, float]]:
         out = {}
         for i, h in self._handles.items():
-            util = self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
-            mem = self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30
-            out[i] = (float(util), float(mem))
+            values = {"util": float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                      "mem_gib": self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30}
+            for name, get in list(self._clock_readings.items()):
+                try:
+                    values[name] = get(h)
+                except self._nvml.NVMLError as exc:  # e.g. NotSupported on this board or driver
+                    log.debug("no GPU %s: %s", name, exc)
+                    del self._clock_readings[name]
+            out[i] = values
         return out
 
     def close(self) -> None:
@@ -317,7 +344,8 @@ class TelemetrySampler:
 
     Rows are ``{"t": seconds since start(), "name": str, "value": float}``:
     ``replica_cpu_util`` / ``client_cpu_util`` (mean percent over the set), ``cpu<N>_util``
-    per core of either set, ``gpu<N>_util`` (percent) and ``gpu<N>_mem_gib``, and
+    per core of either set, ``gpu<N>_util`` (percent), ``gpu<N>_mem_gib`` and the clock state
+    (``gpu<N>_sm_clock_mhz``, ``gpu<N>_power_w``, ``gpu<N>_clock_slowdown``), and
     ``server_num_requests_running`` / ``_waiting`` / ``server_kv_cache_usage_perc``.
     CPU and GPU are sampled at ``hz`` (0 = not at all); ``/metrics`` at ``metrics_hz`` in its own thread so a
     slow scrape of a starved server never delays the CPU samples. Collaborators (clock, CPU
@@ -490,9 +518,9 @@ class TelemetrySampler:
             if c < len(per_core):
                 values[f"cpu{c}_util"] = per_core[c]
         if self._gpu is not None:
-            for i, (util, mem) in self._gpu.read().items():
-                values[f"gpu{i}_util"] = util
-                values[f"gpu{i}_mem_gib"] = mem
+            for i, readings in self._gpu.read().items():
+                for name, value in readings.items():
+                    values[f"gpu{i}_{name}"] = value
         self._add(t, values)
 
     def _sample_server(self, t: float) -> None:
@@ -544,6 +572,6 @@ def span_readings(times: Sequence[float], t0: float, t1: float) -> tuple[int, in
     return (a, b) if 0 <= a < b < len(times) and times[b] > times[a] else None
 
 
-__all__ = ["COUNTERS", "COUNTERS_HZ", "GAUGES", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
+__all__ = ["COUNTERS", "COUNTERS_HZ", "GAUGES", "GPU_CLOCK_READINGS", "HISTOGRAMS", "GpuReader", "MetricsSnapshot", "NvmlReader", "PerCpuUtil", "TelemetrySampler",
            "delta", "histogram_quantile", "open_gpu_reader", "parse_metrics", "rows_in_span", "scrape",
            "span_readings"]

@@ -173,7 +173,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("client_cpu_s", M, "CPU-s", "the client's CPU time in the window", _SUMMARY),
     Figure("window_s", M, "s", "the workload run's wall time", _SUMMARY),
     Figure("{series}_mean", M, "series", "mean of a sampled series over the requests' span (replica_cpu_util, "
-           "client_cpu_util, cpu<N>_util, gpu<N>_util, gpu<N>_mem_gib, server_<gauge>)", _SUMMARY, built=True),
+           "client_cpu_util, cpu<N>_util, gpu<N>_util, gpu<N>_mem_gib, gpu<N>_sm_clock_mhz, gpu<N>_power_w, "
+           "gpu<N>_clock_slowdown, server_<gauge>)", _SUMMARY, built=True),
     Figure("{series}_max", M, "series", "max of a sampled series over the requests' span", _SUMMARY, built=True),
     Figure("ts/{series}", M, "series", "a sampled series, step = ms since the sampler started",
            "orchestrator.observe.tracking", NO),
@@ -182,6 +183,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("client_cpu_util_mean", M, "%", "client cores busy, mean over the span", _SUMMARY, built=True, column=21),
     Figure("gpu0_util_mean", M, "%", "GPU 0 busy (NVML), mean over the span", _SUMMARY, when="gpu", built=True,
            column=22),
+    Figure("gpu{n}_sm_clock_mhz_mean", M, "MHz", "a GPU's SM clock (NVML), mean over the span", _SUMMARY,
+           when="gpu", built=True),
+    Figure("gpu{n}_power_w_mean", M, "W", "a GPU's power draw (NVML), mean over the span", _SUMMARY, when="gpu",
+           built=True),
+    Figure("gpu{n}_clock_slowdown_mean", M, "1", "share of samples whose clocks a power cap, a thermal limit or a "
+           "hardware slowdown held down (NVML clock-event reasons)", _SUMMARY, when="gpu", built=True),
     Figure("server_num_requests_running_mean", M, "count", "vllm:num_requests_running, mean over the span",
            _SUMMARY, when="a /metrics scrape in the span", built=True, column=29, evidence=15, label="requests running in the engine (mean, at the most cores)",
            digits=1),

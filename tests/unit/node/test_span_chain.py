@@ -145,8 +145,8 @@ class Gpu:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    def read(self) -> dict[int, tuple[float, float]]:
-        return {0: (GPU[self.node.phase], 20.0)}
+    def read(self) -> dict[int, dict[str, float]]:
+        return {0: {"util": GPU[self.node.phase], "mem_gib": 20.0}}
 
     def close(self) -> None:
         pass

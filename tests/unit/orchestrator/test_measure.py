@@ -34,8 +34,8 @@ class FakeGpu:
     def __init__(self) -> None:
         self.busy = False
 
-    def read(self) -> dict[int, tuple[float, float]]:
-        return {0: (95.0 if self.busy else 0.0, 10.0)}
+    def read(self) -> dict[int, dict[str, float]]:
+        return {0: {"util": 95.0 if self.busy else 0.0, "mem_gib": 10.0}}
 
     def close(self) -> None:
         pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import pytest
@@ -180,8 +181,8 @@ def test_summarize_series_mean_max_skips_nan_and_none():
 class _FakeGpu:
     closed = False
 
-    def read(self) -> dict[int, tuple[float, float]]:
-        return {0: (87.0, 12.5)}
+    def read(self) -> dict[int, dict[str, float]]:
+        return {0: {"util": 87.0, "mem_gib": 12.5, "sm_clock_mhz": 1980.0}}
 
     def close(self) -> None:
         self.closed = True
@@ -207,6 +208,7 @@ def test_sampler_rows_with_injected_sources():
     assert by["client_cpu_util_mean"] == 40.0
     assert by["cpu1_util_max"] == 20.0 and "cpu2_util_mean" not in by
     assert by["gpu0_util_mean"] == 87.0 and by["gpu0_mem_gib_max"] == 12.5
+    assert by["gpu0_sm_clock_mhz_mean"] == 1980.0
     assert by["server_num_requests_running_mean"] == 3.0
     assert scraped and scraped[0] == "http://x:8000"
     assert rows == sorted(rows, key=lambda r: r["t"]) and all(r["t"] > 0 for r in rows)
@@ -252,3 +254,62 @@ def test_delta_on_real_vllm_cpu_output():
         d["server_ttft_s_mean"] - d["server_queue_s_mean"] - d["server_prefill_s_mean"])
     assert after.gauges() == {"server_num_requests_running": 0.0, "server_num_requests_waiting": 0.0,
                               "server_kv_cache_usage_perc": 0.0}
+
+
+class _FakeNvml:
+    """pynvml's surface that NvmlReader uses: one GPU whose SM clock, power and clock-event reasons
+    change between reads, and (``power=False``) a board whose driver does not report power."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, power: bool = True) -> None:
+        self.power = power
+        self.reasons = [0x01, 0x04, 0x02 | 0x10]  # idle, then a power cap, then app clocks + sync boost
+        self.clocks = [345, 1755, 1980]
+        self.shut = False
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"gpu{i}"
+    def nvmlDeviceGetUtilizationRates(self, h: str):
+        return type("U", (), {"gpu": 40})()
+    def nvmlDeviceGetMemoryInfo(self, h: str):
+        return type("M", (), {"used": 3 * 2**30})()
+    def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
+        assert kind == self.NVML_CLOCK_SM
+        return self.clocks.pop(0)
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        if not self.power:
+            raise self.NVMLError("Not Supported")
+        return 412_500
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
+        return self.reasons.pop(0)
+
+
+def test_nvml_reader_reads_the_clock_state_and_drops_what_the_driver_lacks(monkeypatch):
+    from orchestrator.node.telemetry import NvmlReader
+
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reader = NvmlReader()
+    got = [reader.read()[0] for _ in range(3)]
+    assert got[0] == {"util": 40.0, "mem_gib": 3.0, "sm_clock_mhz": 345.0, "power_w": 412.5, "clock_slowdown": 0.0}
+    # a power cap slows the clocks; application clocks and sync boost do not count as a slowdown
+    assert [g["clock_slowdown"] for g in got] == [0.0, 1.0, 0.0]
+    assert [g["sm_clock_mhz"] for g in got] == [345.0, 1755.0, 1980.0]
+    reader.close()
+    assert fake.shut
+
+    fake = _FakeNvml(power=False)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reader = NvmlReader()
+    first, second = reader.read()[0], reader.read()[0]
+    assert "power_w" not in first and "power_w" not in second  # asked once, then left out
+    assert first["sm_clock_mhz"] == 345.0 and second["sm_clock_mhz"] == 1755.0
