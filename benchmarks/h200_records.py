@@ -37,7 +37,7 @@ def gather(home: Path, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         axes["cores"], axes["repeat"] = int(axes["cores"]), int(axes["repeat"])
         categories = {k: v for k, v in metrics.items() if k.startswith(CATEGORY_PREFIX) and "." in k}
         windows.append({**axes, **{k: metrics.get(k) for k in WINDOW_METRICS}, **categories,
-                        "started_at": r.get("started_at")})
+                        "started_at": r.get("started_at"), "ended_at": r.get("ended_at")})
         path = result.with_name("records.parquet")
         if path.is_file():
             d = pd.read_parquet(path)

@@ -12,11 +12,14 @@ Reads the per-request records of a committed grid (default: ``benchmarks/results
    half, and the whole window (a shorter window replays fewer turns of the same sessions).
 3. **The first window after the start** against the re-pinned ones (how far each window's figure is
    from the median of its core count's other windows).
-4. **The knee with its interval** (``orchestrator.observe.analysis.knee``) per statistic, from 3, 2 and 1
+4. **A drift shared in time**: the between-window spread before and after each repeat's shared offset is
+   taken out (the repeats are interleaved, so a repeat is a block of consecutive windows).
+5. **The knee with its interval** (``orchestrator.observe.analysis.knee``) per statistic, from 3, 2 and 1
    windows per core count (every subset of repeats), with the share of the bootstrap draws that name it
    and the GPU-seconds of windows it took.
 
-Usage: ``python benchmarks/knee_noise.py [records.parquet] > benchmarks/results/knee-noise.md``
+Usage: ``python benchmarks/knee_noise.py [records.parquet]``; ``benchmarks/results/knee-noise.md`` holds its output
+for the three committed dense grids (``dense``, then ``search`` and ``search-2`` under their own headings).
 """
 
 from __future__ import annotations
@@ -76,6 +79,23 @@ def summary(t: pd.DataFrame, low: int) -> dict[str, float]:
             "between_above_x_sqrt_s": above["between"].mean() * math.sqrt(secs)}
 
 
+def drift(d: pd.DataFrame, by: str, stat: str = "mean") -> dict[str, float]:
+    """Whether windows measured close in time read alike: ``d`` is interleaved, each repeat one pass over the
+    ``by`` groups (core counts or designs), so a repeat is a block of consecutive windows. The between-window
+    sd of the log figure (per ``by`` group, pooled), the same after each repeat's shared offset is taken out
+    (two-way: ``by`` + repeat, no interaction), and the largest repeat offset."""
+    f = statistic(stat)
+    g = d.groupby(["trial_id", by, "repeat"])["ttft"].apply(lambda s: math.log(f(s.to_numpy()))).reset_index(name="y")
+    m = g["y"].mean()
+    r1 = g["y"] - g.groupby(by)["y"].transform("mean")
+    block = g.groupby("repeat")["y"].transform("mean") - m
+    r2 = r1 - block
+    n, k, b = len(g), g[by].nunique(), g["repeat"].nunique()
+    return {"between": float(np.sqrt((r1 ** 2).sum() / (n - k))),
+            "between_after_block": float(np.sqrt((r2 ** 2).sum() / max(1, n - k - b + 1))),
+            "largest_block": float(g.groupby("repeat")["y"].mean().sub(m).abs().max()), "blocks": b}
+
+
 def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     out = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -115,12 +135,18 @@ def main(path: Path) -> None:
     for stat in ("mean", "p50"):
         for name, part in parts.items():
             s = summary(split(part, stat, rng), low)
+            f = statistic(stat)
+            pooled = {int(c): f(g["ttft"].to_numpy()) for c, g in part.groupby("cores")}
             rows.append({"statistic": stat, "window holds": name, "requests": int(len(part) / part["trial_id"].nunique()),
-                         **s})
+                         "signal": pooled[low] / pooled[max(pooled)], **s})
     print(table(rows, [("statistic", "statistic", ""), ("window holds", "window holds", ""),
                        ("requests", "requests/window", ""), ("seconds", "seconds", ".1f"),
                        ("between_above", "between, above", ".3f"), ("within_above", "within, above", ".3f"),
-                       ("between_above_x_sqrt_s", "between x sqrt(s)", ".3f")]))
+                       ("between_above_x_sqrt_s", "between x sqrt(s)", ".3f"),
+                       ("between_low", f"between, {low} core", ".3f"),
+                       ("signal", f"{low} core / most cores", ".2f")]))
+    print(f"\nThe last column is the starvation the knee is decided on: the figure of all {low}-core requests "
+          "against all requests at the most cores, in the part of the window named.")
 
     print("\n## 3. The first window after the start\n")
     order = d.groupby("trial_id")["sent_ns"].min().sort_values()
@@ -141,7 +167,18 @@ def main(path: Path) -> None:
                        ("first_dev", "its |log| distance to the others", ".3f"),
                        ("rest_median", "re-pinned windows: median", ".3f"), ("rest_max", "max", ".3f")]))
 
-    print("\n## 4. The knee and its 90% interval, from fewer windows\n")
+    print("\n## 4. A drift shared by windows close in time\n")
+    print("The repeats are interleaved (each one pass over the core counts), so a repeat is a block of consecutive "
+          "windows; a drift in the machine's state would show as an offset shared by a block's windows.\n")
+    rows = []
+    for name, part in (("all core counts", d), (f"above {low} core", d[d["cores"] > low])):
+        for stat in ("mean", "p90"):
+            rows.append({"windows": name, "statistic": stat, **drift(part, "cores", stat)})
+    print(table(rows, [("windows", "windows", ""), ("statistic", "statistic", ""), ("blocks", "repeats", ""),
+                       ("between", "between", ".3f"), ("between_after_block", "between, each repeat's offset out", ".3f"),
+                       ("largest_block", "largest repeat offset", ".3f")]))
+
+    print("\n## 5. The knee and its 90% interval, from fewer windows\n")
     repeats = sorted(d["repeat"].unique())
     rows = []
     for stat in ("mean", "trimmed", "geomean", "p50", "p90"):

@@ -23,7 +23,9 @@ the one before ``KNEE_WINDOWS`` (it stopped settled with a single window at the 
 tried and not adopted, narrowing also at grid counts inside the interval that have no window yet (the H200
 search of 2026-12-04 stopped on 2-4 cores without measuring 3).
 
-Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [records.parquet ...]``
+``--distinct`` draws a run's windows at a core count without repeating a real window until each was drawn once.
+
+Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [--distinct] [records.parquet ...]``
 """
 
 from __future__ import annotations
@@ -60,14 +62,26 @@ def real_windows(path: Path) -> dict[int, list[np.ndarray]]:
 
 
 class Replay:
+    """Windows replayed from real ones. ``distinct``: a run's windows at a core count are different real
+    windows until each has been drawn once (then again, in a new random order), as a real search's windows
+    are never the same window twice; else each window is any real window, drawn with replacement."""
+
+    distinct = False
+
     def __init__(self, real: dict[int, list[np.ndarray]], rng: np.random.Generator) -> None:
         self.real, self.rng = real, rng
         self.windows = 0
+        self._left: dict[int, list[int]] = {}
 
     def window(self, cores: int) -> np.ndarray:
         self.windows += 1
         ws = self.real[cores]
-        w = ws[self.rng.integers(0, len(ws))]
+        if self.distinct:
+            left = self._left.get(cores) or [int(i) for i in self.rng.permutation(len(ws))]
+            w = ws[left.pop()]
+            self._left[cores] = left
+        else:
+            w = ws[self.rng.integers(0, len(ws))]
         return w[self.rng.integers(0, len(w), len(w))]
 
 
@@ -142,8 +156,9 @@ DESIGNS: dict[str, Callable[[Replay, list[int], int], KneeEstimate]] = {
 }
 
 
-def one_seed(args: tuple[Path, int]) -> dict[str, Outcome]:
-    path, seed = args
+def one_seed(args: tuple[Path, int, bool]) -> dict[str, Outcome]:
+    path, seed, distinct = args
+    Replay.distinct = distinct  # set in the worker process, for every replay of this seed
     real = real_windows(path)
     allowed = sorted(real)
     ix = allowed.index
@@ -160,10 +175,10 @@ def one_seed(args: tuple[Path, int]) -> dict[str, Outcome]:
     return out
 
 
-def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float) -> str:
+def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float, distinct: bool = False) -> str:
     t0 = time.monotonic()
     with Pool(procs) as pool:
-        runs = pool.map(one_seed, [(path, s) for s in range(seeds)])
+        runs = pool.map(one_seed, [(path, s, distinct) for s in range(seeds)])
     real = real_windows(path)
     grid_s = start_s + 3 * len(real) * window_s
     rows = []
@@ -182,7 +197,8 @@ def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float) -
     frame = pd.DataFrame(rows)
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     head = (f"Replayed from `{shown}` ({', '.join(f'{c}: {len(w)}' for c, w in real.items())} real windows per "
-            f"core count), {seeds} seeds, {N_BOOT} bootstrap draws per estimate, "
+            f"core count{', each drawn once before any again' if distinct else ''}), {seeds} seeds, "
+            f"{N_BOOT} bootstrap draws per estimate, "
             f"{time.monotonic() - t0:.0f} s on {procs} process(es).\n")
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(str(v) for v in r) + " |" for _, r in frame.iterrows()]
@@ -197,10 +213,12 @@ def main() -> None:
     use = json.loads(TIME_USE.read_text())
     p.add_argument("--start-s", type=float, default=use["gpu_starting_s"])
     p.add_argument("--window-s", type=float, default=(use["gpu_held_s"] - use["gpu_starting_s"]) / 21)
+    p.add_argument("--distinct", action="store_true",
+                   help="draw a run's windows at a core count without repeating a real window until each was drawn")
     a = p.parse_args()
     print(f"GPU-seconds: one start of {a.start_s:.0f} s and {a.window_s:.1f} s a window for every design.\n")
     for path in a.records:
-        print(table(path, a.seeds, a.procs, a.start_s, a.window_s))
+        print(table(path, a.seeds, a.procs, a.start_s, a.window_s, a.distinct))
 
 
 if __name__ == "__main__":
