@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
+from orchestrator.observe.analysis.drift import repeat_drift
 from orchestrator.values import figures
 from orchestrator.values.figures import Agg, Kind
 
@@ -161,6 +162,16 @@ def spread_warnings(table: pd.DataFrame, spread_warn: float = SPREAD_WARN) -> li
     return out
 
 
+def drift_warning(df: pd.DataFrame) -> str | None:
+    """The sentence that says the sweep's repeats moved together in every configuration (the machine drifted,
+    :mod:`orchestrator.observe.analysis.drift`), over its completed trials; None where they did not, or where the
+    test does not apply."""
+    if df.empty or "status" not in df:
+        return None
+    found = repeat_drift(df[df["status"] == "COMPLETED"], [c for c in CONFIG if c in df] + ["cores"])
+    return found.sentence() if found is not None and found.drifted else None
+
+
 def calibration(df: pd.DataFrame) -> pd.DataFrame:
     """Each start mode against ``fresh`` at the same cores (repin: a live replica re-pinned down; sized: a
     start on more cores with pools sized for these, then pinned): TTFT p50/p90 (median over repeats) of
@@ -293,5 +304,5 @@ def render(df: pd.DataFrame, title: str = "Comparison") -> Any:
     return table
 
 
-__all__ = ["ATTRIBUTION_PREFIXES", "CONFIG", "GROUP", "SEARCH_PARAMS", "TIMEOUT_MAJORITY", "aggregate", "attribution_columns", "calibration", "comparison", "costs", "payloads_frame",
+__all__ = ["ATTRIBUTION_PREFIXES", "CONFIG", "GROUP", "SEARCH_PARAMS", "TIMEOUT_MAJORITY", "aggregate", "attribution_columns", "calibration", "comparison", "costs", "drift_warning", "payloads_frame",
            "render", "results_frame", "runs_frame", "spread_warnings", "trial_row"]

@@ -10,7 +10,15 @@ from __future__ import annotations
 import pandas as pd
 from rich.console import Console
 
-from orchestrator.observe.report.comparison import CONFIG, calibration, comparison, references, render, spread_warnings
+from orchestrator.observe.report.comparison import (
+    CONFIG,
+    calibration,
+    comparison,
+    drift_warning,
+    references,
+    render,
+    spread_warnings,
+)
 from orchestrator.observe.report.tables import config_labels
 
 
@@ -18,7 +26,8 @@ def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 
     """Print the comparison (and each start mode against fresh, when the sweep has more than one); return it.
 
     Repeats are aggregated; a configuration whose repeats disagree by more than ``spread_warn`` at
-    TTFT p50 is flagged in the table ("!") and named below it. ``tolerance``: the knee's (see
+    TTFT p50 is flagged in the table ("!") and named below it, and a sweep whose repeats moved together in every
+    configuration (the machine drifted: ``comparison.drift_warning``) is said so. ``tolerance``: the knee's (see
     ``report.comparison``)."""
     table = comparison(frame, tolerance=tolerance, spread_warn=spread_warn)
     if len(table):
@@ -29,6 +38,9 @@ def print_tables(console: Console, frame, sweep_name: str, spread_warn: float = 
         console.print(rendered)
         for line in spread_warnings(table, spread_warn):
             console.print(f"  warning: {line}")
+        drift = drift_warning(frame)
+        if drift:
+            console.print(f"  warning: {drift}")
     calib = calibration(frame)
     if len(calib):
         console.print("start modes against fresh starts at the same cores (ratio = mode / fresh):")

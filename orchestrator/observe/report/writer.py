@@ -33,7 +33,7 @@ import pandas as pd
 from orchestrator.observe import stats
 from orchestrator.observe.analysis.knee import decode_needs_more, estimate_knee
 from orchestrator.observe.report import plots, search
-from orchestrator.observe.report.comparison import CONFIG, calibration, costs, references
+from orchestrator.observe.report.comparison import CONFIG, calibration, costs, drift_warning, references
 from orchestrator.observe.report.data import ReportInputError, SweepData, from_mlflow, from_outbox, pending_note
 from orchestrator.observe.report.html import Page, Section, render
 from orchestrator.observe.report.sections import extras_for
@@ -194,7 +194,8 @@ def write_report(data: SweepData, out_dir: Path, opts: ReportOptions) -> ReportF
         heat_png = "plots/heatmap.png"
     page = Page(sweep=data.sweep, source=data.source, opts=opts, trials=len(data.trials), sections=sections,
                 heatmap=heat, heatmap_png=heat_png, csvs={f"{n} ({p.name})": p.name for n, p in csvs.items()},
-                notes=data.notes, time_use=describe_time_use(dict(data.time_use)),
+                notes=(*data.notes, *filter(None, [drift_warning(data.trials)])),
+                time_use=describe_time_use(dict(data.time_use)),
                 start_modes=modes, references=refs, search=search.visible(why) if not why.empty else None,
                 search_costs=spent if not why.empty else None)
     index = out_dir / "index.html"
