@@ -164,10 +164,18 @@ def test_quota_throttles_and_repins() -> None:
         assert verify_tree(proc.pid, frozenset(NODE[:1]), "quota").ok
         stale = verify_tree(proc.pid, both, "quota")
         assert not stale.ok and "cpu.max" in stale.violations[0]
-        # 3 spinning threads under 1 core of quota: the kernel throttles the group, by its own count
-        # (cpu.stat's nr_throttled; no wall-clock bound: the deadline is only how long to wait for it). It counts
-        # a throttled period when the throttling starts and adds its time to throttled_usec when it ends, so a
-        # reading between the two shows one without the other (CI, 2026-12-04): wait for both to move.
+        # 3 spinning threads under a tenth of a core of quota: the kernel throttles the group, by its own count
+        # (cpu.stat's nr_throttled; no wall-clock bound: the deadline is only how long to wait for it). A tenth, not
+        # the 1 core the re-pin set: on a machine busy with other work the group may get no more than about a core
+        # of time and so never exceed a 1-core quota (seen under a full unit run beside another job: 600 periods,
+        # none throttled). The kernel counts a throttled period when the throttling starts and adds its time to
+        # throttled_usec when it ends, so a reading between the two shows one without the other (CI,
+        # 2026-12-04): wait for both to move.
+        group = r.groups["cpu"]
+        if layout.version == 2:
+            (group / "cpu.max").write_text("10000 100000")
+        else:
+            (group / "cpu.cfs_quota_us").write_text("10000")
         before = r.cpu_stat()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(r.cpu_stat()[k] == before[k]
