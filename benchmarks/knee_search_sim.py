@@ -7,7 +7,7 @@ of that lease. Each records file is one dense curve; by default both committed o
 (``benchmarks/results/h200/dense``, ``benchmarks/results/h200/search`` and ``.../search-2``, three leases).
 
 The answer of a design is :func:`orchestrator.observe.analysis.knee.estimate_knee` over the windows it
-measured (mean TTFT, monotone fit, 90% bootstrap of windows then requests). The reference is a 6-repeat
+measured (the product's statistic, p90 TTFT, unless ``--stat`` says otherwise; monotone fit; 90% bootstrap of windows then requests). The reference is a 6-repeat
 grid of the same replay. Per design and seed: does it name the reference's knee (exactly, within one grid
 step), is its interval the reference's, does its interval hold the reference's knee, is it settled, and do
 two independent runs of it agree; its windows against the 3-repeat grid's 21, and its GPU-seconds against
@@ -23,9 +23,10 @@ the one before ``KNEE_WINDOWS`` (it stopped settled with a single window at the 
 tried and not adopted, narrowing also at grid counts inside the interval that have no window yet (the H200
 search of 2026-12-04 stopped on 2-4 cores without measuring 3).
 
-``--distinct`` draws a run's windows at a core count without repeating a real window until each was drawn once.
+``--stat p90`` decides every estimate on another statistic; ``--only TEXT`` replays only the designs whose name
+holds it (and the 3-repeat grid). ``--distinct`` draws a run's windows at a core count without repeating a real window until each was drawn once.
 
-Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [--distinct] [records.parquet ...]``
+Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [--distinct] [--stat S] [--only TEXT] [records.parquet ...]``
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.observe.analysis.knee import KneeEstimate, estimate_knee
-from orchestrator.observe.report.tables import ttft_values
+from orchestrator.observe.report.tables import ReportOptions, ttft_values
 from orchestrator.plan.knee_search import Reason, next_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +68,7 @@ class Replay:
     are never the same window twice; else each window is any real window, drawn with replacement."""
 
     distinct = False
+    stat = ReportOptions().knee_statistic  # what every estimate of the run decides on (the search's, the reference's)
 
     def __init__(self, real: dict[int, list[np.ndarray]], rng: np.random.Generator) -> None:
         self.real, self.rng = real, rng
@@ -99,7 +101,7 @@ class Noiseless:
 
 def grid(replay: Replay, allowed: list[int], repeats: int, seed: int) -> KneeEstimate:
     windows = {c: [replay.window(c) for _ in range(repeats)] for c in allowed}
-    return estimate_knee(windows, n_boot=N_BOOT, seed=seed)
+    return estimate_knee(windows, stat=Replay.stat, n_boot=N_BOOT, seed=seed)
 
 
 Decide = Callable[[list[int], dict[int, int], KneeEstimate, int], "int | None"]
@@ -131,7 +133,7 @@ def search(replay: Replay | Noiseless, allowed: list[int], seed: int, decide: De
     est = estimate_knee({}, n_boot=1)
     while (nxt := decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows)) is not None:
         windows.setdefault(nxt, []).append(replay.window(nxt))
-        est = estimate_knee(windows, n_boot=N_BOOT, seed=seed)
+        est = estimate_knee(windows, stat=Replay.stat, n_boot=N_BOOT, seed=seed)
     return est
 
 
@@ -156,15 +158,17 @@ DESIGNS: dict[str, Callable[[Replay, list[int], int], KneeEstimate]] = {
 }
 
 
-def one_seed(args: tuple[Path, int, bool]) -> dict[str, Outcome]:
-    path, seed, distinct = args
-    Replay.distinct = distinct  # set in the worker process, for every replay of this seed
+def one_seed(args: tuple[Path, int, bool, str, tuple[str, ...]]) -> dict[str, Outcome]:
+    path, seed, distinct, stat, names = args
+    Replay.distinct, Replay.stat = distinct, stat  # set in the worker process, for every replay of this seed
     real = real_windows(path)
     allowed = sorted(real)
     ix = allowed.index
     ref = grid(Replay(real, np.random.default_rng([seed, 0])), allowed, 6, seed)
     out = {}
     for name, run in DESIGNS.items():
+        if name not in names:
+            continue
         # every design the same streams (common random numbers): two designs differ by their rule, not by
         # their draws, and a design's figures do not move when another is added
         ra, rb = Replay(real, np.random.default_rng([seed, 1])), Replay(real, np.random.default_rng([seed, 2]))
@@ -175,14 +179,16 @@ def one_seed(args: tuple[Path, int, bool]) -> dict[str, Outcome]:
     return out
 
 
-def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float, distinct: bool = False) -> str:
+def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float, distinct: bool = False,
+          stat: str = ReportOptions().knee_statistic, only: str = "") -> str:
     t0 = time.monotonic()
+    names = tuple(n for n in DESIGNS if only in n or n.startswith("grid x3"))
     with Pool(procs) as pool:
-        runs = pool.map(one_seed, [(path, s, distinct) for s in range(seeds)])
+        runs = pool.map(one_seed, [(path, s, distinct, stat, names) for s in range(seeds)])
     real = real_windows(path)
     grid_s = start_s + 3 * len(real) * window_s
     rows = []
-    for name in DESIGNS:
+    for name in names:
         o = [r[name] for r in runs]
         def share(f: str, o: list[Outcome] = o) -> str:
             return f"{np.mean([getattr(x, f) for x in o]):.0%}"
@@ -197,7 +203,7 @@ def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float, d
     frame = pd.DataFrame(rows)
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     head = (f"Replayed from `{shown}` ({', '.join(f'{c}: {len(w)}' for c, w in real.items())} real windows per "
-            f"core count{', each drawn once before any again' if distinct else ''}), {seeds} seeds, "
+            f"core count{', each drawn once before any again' if distinct else ''}), {stat} TTFT, {seeds} seeds, "
             f"{N_BOOT} bootstrap draws per estimate, "
             f"{time.monotonic() - t0:.0f} s on {procs} process(es).\n")
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
@@ -215,10 +221,13 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=(use["gpu_held_s"] - use["gpu_starting_s"]) / 21)
     p.add_argument("--distinct", action="store_true",
                    help="draw a run's windows at a core count without repeating a real window until each was drawn")
+    p.add_argument("--stat", default=ReportOptions().knee_statistic,
+                   help="the statistic the knee is decided on (knee.STATISTICS; default: the product's)")
+    p.add_argument("--only", default="", help="replay only the designs whose name holds this (and the 3-repeat grid)")
     a = p.parse_args()
     print(f"GPU-seconds: one start of {a.start_s:.0f} s and {a.window_s:.1f} s a window for every design.\n")
     for path in a.records:
-        print(table(path, a.seeds, a.procs, a.start_s, a.window_s, a.distinct))
+        print(table(path, a.seeds, a.procs, a.start_s, a.window_s, a.distinct, a.stat, a.only))
 
 
 if __name__ == "__main__":

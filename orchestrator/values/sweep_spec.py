@@ -374,7 +374,7 @@ class RepeatsSpec(_Strict):
                                                           "behind the search has this many repeats.")
     until_ci: float = Field(
         default=0.0, ge=0, le=10,
-        description="A core count whose windows' figures (mean TTFT) have a 90% interval of at most +-this share "
+        description="A core count whose windows' figures (the knee's figure, p90 TTFT) have a 90% interval of at most +-this share "
                     "gets no more windows (it needs two). 0: off; windows go on up to max while the knee is not "
                     "settled.")
 

@@ -8,7 +8,7 @@ of the repeats' disagreement (``benchmarks/results/window-design.md``); three H2
 (``benchmarks/results/knee-noise.md``, section 4).
 
 How. With the default interleaved order one repeat is one pass over every (configuration, cores) cell, so a
-repeat is a block of consecutive windows. The log of each window's figure (mean TTFT, the knee's) is taken
+repeat is a block of consecutive windows. The log of each window's figure (mean TTFT) is taken
 around its cell's mean; each repeat's shared offset is the mean of its windows' deviations (two-way, cells +
 repeats, no interaction); an F-test asks whether those offsets are larger than the windows' own spread gives.
 It applies only where the repeats are blocks in time (their windows' starts ordered by repeat), at least

@@ -3,8 +3,14 @@
 Input: every measured window of one configuration, grouped by core count: ``{cores: [ttfts, ...]}``, one
 sequence of request TTFTs (seconds, ok requests) per window.
 
-1. **The figure of a core count** is a statistic of all its windows' requests together (``mean`` by
-   default; ``p50``, ``p90``, a 10%-``trimmed`` mean or the ``geomean`` on request). Pooling is what the
+1. **The figure of a core count** is a statistic of all its windows' requests together (``p90`` by
+   default; the ``mean``, ``p50``, a 10%-``trimmed`` mean or the ``geomean`` on request). Why p90: replaying
+   the real windows of three dense H200 grids (``benchmarks/results/knee-search-sim.md``), the knee search
+   decided on p90 named the 6-repeat grid's knee as often or more often than on the mean, from fewer windows
+   (100%, 98% and 92% of 200 seeds from 6.7, 7.9 and 9.0 windows, against 96%, 96% and 84% from 9.6, 9.6 and
+   10.4); above the knee a window's p90 spreads least of the five, between windows and within one
+   (``benchmarks/results/knee-noise.md``), and the starvation it reads at 1 core is as large (1.38-1.62x the
+   plateau, against 1.34-1.65x for the mean). Pooling is what the
    noise calls for: on the committed dense H200 grid (``benchmarks/results/h200/dense``), above the knee
    the windows of one configuration differed less than one window's own sampling error, so a window's
    figure is mostly its requests' noise; more requests, from any window, narrow it.
@@ -129,7 +135,7 @@ def _clean(windows: Mapping[int, Sequence[ArrayLike]]) -> dict[int, list[np.ndar
     return out
 
 
-def estimate_knee(windows: Mapping[int, Sequence[ArrayLike]], *, stat: str = "mean",
+def estimate_knee(windows: Mapping[int, Sequence[ArrayLike]], *, stat: str = "p90",
                   tolerance: float = 0.10, level: float = LEVEL, n_boot: int = N_BOOT,
                   seed: int = 0) -> KneeEstimate:
     """The knee of one configuration from every window's request TTFTs (see the module docstring)."""

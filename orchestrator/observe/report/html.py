@@ -228,9 +228,24 @@ def knee_paragraph(k: Any) -> str:
             f"Decided on the {_e(k.statistic)} TTFT of every window's requests together, made non-increasing in "
             f"cores (a higher core count that reads worse within noise does not move it), the fewest cores within "
             f"{k.tolerance:.0%} of the best; the interval is the central {k.level:.0%} of {k.n_boot} bootstrap draws "
-            f"of windows, then of their requests. Why the mean: on a dense H200 grid it spread half as much as "
-            f"p50, within a window and between windows (benchmarks/results/knee-noise.md). The table keeps p50 "
-            f"and p90; the knee above it is p50's rule on the medians of repeats.</p>")
+            f"of windows, then of their requests. {_e(why_statistic(k.statistic))} The table keeps p50 and p90; "
+            f"the knee mark in it is p50's rule on the medians of repeats.</p>")
+
+
+WHY_STATISTIC = {
+    "p90": "Why p90: replaying the real windows of three dense H200 grids, a knee search decided on p90 named the "
+           "6-repeat grid's knee as often or more often than on the mean, from fewer windows; above the knee a "
+           "window's p90 spread least of mean, p50, p90, trimmed and geometric mean, between windows and within "
+           "one, and it reads the starvation at 1 core as large as the mean does "
+           "(benchmarks/results/knee-search-sim.md, knee-noise.md).",
+    "mean": "The mean was the default before p90: on a dense H200 grid it spread half as much as p50, within a "
+            "window and between windows (benchmarks/results/knee-noise.md).",
+}
+
+
+def why_statistic(stat: str) -> str:
+    """Why the knee is decided on ``stat`` (the default's evidence), or that it was asked for."""
+    return WHY_STATISTIC.get(stat, f"The {stat} was asked for instead of the default, p90.")
 
 
 def decode_paragraph(ttft: Any, tpot: Any) -> str:

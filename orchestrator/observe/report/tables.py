@@ -76,7 +76,7 @@ class ReportOptions:
     n_boot: int = stats.N_BOOT
     level: float = stats.LEVEL
     seed: int = 0
-    knee_statistic: str = "mean"   # the figure the knee's interval is decided on (see knee_windows)
+    knee_statistic: str = "p90"    # the figure the knee and its interval are decided on (analysis.knee says why)
     knee_level: float = 0.90
 
     @property

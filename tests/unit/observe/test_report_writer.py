@@ -154,7 +154,7 @@ def test_the_report_command_reads_the_outbox_when_there_is_no_mlflow(tmp_path: P
                                     "--tpot-slo", "0.05", "--csv", str(tmp_path / "t.csv")])
     assert res.exit_code == 0, res.output
     assert "trials read from the local outbox" in res.output and f"report written to {out / 'index.html'}" in res.output
-    assert "knee with its interval (mean TTFT of every window), tiny-llama agentic-short: " in res.output
+    assert "knee with its interval (p90 TTFT of every window), tiny-llama agentic-short: " in res.output
     page = (out / "index.html").read_text()
     assert "TTFT &lt;= 0.15 s and TPOT &lt;= 0.05 s (from the command line and the sweep&#x27;s slo)" in page
     assert len(pd.read_csv(tmp_path / "t.csv")) == 3
@@ -186,13 +186,13 @@ def test_a_sweeps_report_lands_in_its_home(tmp_path: Path, make_records, make_ou
     line = write_sweep_report(plan.spec, tmp_path, None)
     index = tmp_path / "reports" / "box-sweep" / "index.html"
     knee, written = line.split("\n")
-    assert knee.startswith("knee with its interval (mean TTFT of every window), tiny-llama agentic-short: ")
+    assert knee.startswith("knee with its interval (p90 TTFT of every window), tiny-llama agentic-short: ")
     assert knee.endswith(pd.read_csv(tmp_path / "reports" / "box-sweep" / "knee.csv")["sentence"].iloc[0])
     assert written == f"report written to {index}" and "Trials read from the local outbox" in index.read_text()
 
 
 def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path):
-    """knee.csv and the page: the knee from every window's requests (the mean, a monotone fit, a bootstrap of
+    """knee.csv and the page: the knee from every window's requests (p90, a monotone fit, a bootstrap of
     windows then requests), its interval and whether it is settled; a core count where most requests time
     out does not count, as for the table's knee."""
     files = write_report(_data(sweep), tmp_path / "r", ReportOptions(n_boot=200))
@@ -202,12 +202,12 @@ def test_each_configuration_has_its_knee_with_an_interval(sweep, tmp_path: Path)
     code = knees.loc["m code"]
     assert code["cores"].split() == ["2", "4", "8"]  # 1 core: most requests time out
     for name, k in knees.iterrows():
-        assert k["low"] <= k["knee"] <= k["high"] and k["statistic"] == "mean" and k["level"] == 0.9
+        assert k["low"] <= k["knee"] <= k["high"] and k["statistic"] == "p90" and k["level"] == 0.9
         fitted = [float(x) for x in k["fitted_s"].split()]
         assert fitted == sorted(fitted, reverse=True), name  # never rises with cores
         assert sum(float(s.split(":")[1]) for s in k["shares"].split()) == pytest.approx(1.0)
         assert f"Knee with its interval: {k['sentence']}" in files.index.read_text()
-    assert "Why the mean" in files.index.read_text()
+    assert "Why p90" in files.index.read_text()
 
 
 def test_knee_csv_holds_ttfts_then_tpots_knee_per_configuration(sweep, tmp_path: Path):
