@@ -6,9 +6,8 @@ sequence of request TTFTs (seconds, ok requests) per window.
 1. **The figure of a core count** is a statistic of all its windows' requests together (``p90`` by
    default; the ``mean``, ``p50``, a 10%-``trimmed`` mean or the ``geomean`` on request). Why p90: replaying
    the real windows of three dense H200 grids (``benchmarks/results/knee-search-sim.md``), the knee search
-   decided on p90 named the 6-repeat grid's knee as often or more often than on the mean, from fewer windows
-   (100%, 98% and 92% of 200 seeds from 6.7, 7.9 and 9.0 windows, against 96%, 96% and 84% from 9.6, 9.6 and
-   10.4); above the knee a window's p90 spreads least of the five, between windows and within one
+   decided on p90 named the 6-repeat grid's knee more often than on the mean, from fewer windows (100%, 99% and
+   94% of 500 seeds from 6.8, 7.9 and 8.9 windows, against 95%, 96% and 89% from 9.6, 9.4 and 10.4); above the knee a window's p90 spreads least of the five, between windows and within one
    (``benchmarks/results/knee-noise.md``), and the starvation it reads at 1 core is as large (1.38-1.62x the
    plateau, against 1.34-1.65x for the mean). Pooling is what the
    noise calls for: on the committed dense H200 grid (``benchmarks/results/h200/dense``), above the knee
