@@ -152,7 +152,7 @@ def main(path: Path) -> None:
     order = d.groupby("trial_id")["sent_ns"].min().sort_values()
     first = order.index[0]
     rows = []
-    for stat in ("mean", "p50"):
+    for stat in ("mean", "p50", "p90"):
         f = statistic(stat)
         fig = d.groupby("trial_id")["ttft"].apply(lambda s, f=f: f(s.to_numpy()))
         cores_of = d.groupby("trial_id")["cores"].first()
