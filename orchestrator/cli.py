@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 NOISY_DEPENDENCIES = (r"(ray|mlflow|pydantic|google|grpc|urllib3|requests|pkg_resources|setuptools|pyarrow"
                       r"|opentelemetry)(\.|$)")
 HOME_HELP = "Folder for local state: MLflow store, outbox, trial artifacts (env ORCH_HOME)."
+# The statistics orchestrator.observe.analysis.knee decides on (its STATISTICS; not imported here: numpy and scipy
+# stay off --help; tests/unit/test_cli_report_options.py checks the two agree). The default first.
+KNEE_STATISTICS = ("p90", "mean", "p50", "trimmed", "geomean")
 
 
 @functools.cache
@@ -220,9 +223,12 @@ def sync(home: str | None) -> None:
 @click.option("--core-hour-usd", type=click.FloatRange(min=0), default=None,
               help="Price of one core-hour; with --gpu-hour-usd, adds the cost of cores against GPUs.")
 @click.option("--gpu-hour-usd", type=click.FloatRange(min=0), default=None, help="Price of one GPU-hour.")
+@click.option("--knee-statistic", type=click.Choice(KNEE_STATISTICS), default="p90", show_default=True,
+              help="The TTFT figure the knee with its interval is decided on (every window's requests together); "
+                   "mean was the default before 2026-12-05.")
 def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: float, ttft_slo: float | None,
            tpot_slo: float | None, csv_path: str | None, core_hour_usd: float | None,
-           gpu_hour_usd: float | None) -> None:
+           gpu_hour_usd: float | None, knee_statistic: str) -> None:
     """Write the report of SWEEP_NAME (index.html, PNG plots, CSVs) and print its comparison table.
 
     Trials come from MLflow (MLFLOW_TRACKING_URI, or the local store), or from the local outbox when
@@ -242,7 +248,7 @@ def report(sweep_name: str, home: str | None, out_dir: str | None, tolerance: fl
     root = _home(home)
     out = Path(out_dir) if out_dir else root / "reports" / sweep_name
     opts = ReportOptions(tolerance=tolerance, slo=Slo(ttft_slo, tpot_slo, "the command line"),
-                         core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd)
+                         core_hour_usd=core_hour_usd, gpu_hour_usd=gpu_hour_usd, knee_statistic=knee_statistic)
     store = root / "mlflow"
 
     def build(uri: str | None, offline: str = f"no MLFLOW_TRACKING_URI and no local MLflow store at {store}"):

@@ -160,6 +160,25 @@ def test_the_report_command_reads_the_outbox_when_there_is_no_mlflow(tmp_path: P
     assert len(pd.read_csv(tmp_path / "t.csv")) == 3
 
 
+def test_the_report_command_decides_the_knee_on_the_statistic_asked(tmp_path: Path, make_records, make_outbox,
+                                                                    monkeypatch):
+    from orchestrator.cli import KNEE_STATISTICS, main
+    from orchestrator.observe.analysis.knee import STATISTICS
+
+    assert sorted(KNEE_STATISTICS) == sorted(STATISTICS) and KNEE_STATISTICS[0] == ReportOptions().knee_statistic
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    make_outbox(tmp_path / "home" / "outbox", lambda t: make_records(0.02 + 0.2 / t.cores, 40, seed=t.repeat))
+    res = CliRunner().invoke(main, ["report", "box-sweep", "--home", str(tmp_path / "home"), "--out",
+                                    str(tmp_path / "rep"), "--knee-statistic", "mean"])
+    assert res.exit_code == 0, res.output
+    assert "knee with its interval (mean TTFT of every window), tiny-llama agentic-short: " in res.output
+    knees = pd.read_csv(tmp_path / "rep" / "knee.csv")
+    assert set(knees["statistic"]) == {"mean"}
+    assert "The mean was the default before p90" in (tmp_path / "rep" / "index.html").read_text()
+    bad = CliRunner().invoke(main, ["report", "box-sweep", "--home", str(tmp_path / "home"), "--knee-statistic", "p99"])
+    assert bad.exit_code == 2 and "'p99' is not one of" in bad.output
+
+
 def test_the_report_command_names_what_is_missing(tmp_path: Path, monkeypatch):
     from orchestrator.cli import main
 
