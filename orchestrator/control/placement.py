@@ -20,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from orchestrator.plan.expand import replica_key
+from orchestrator.values.results import TrialResult
 from orchestrator.values.trial import TrialSpec
 
 Policy = Literal["exclusive", "packed"]
@@ -96,6 +97,41 @@ def lease_cores(trial: TrialSpec, max_cores: dict[str, int]) -> int:
     """The cores a trial's lease reserves: its own on a fresh start; a repin or sized group's largest count
     (``max_cores``, from :func:`group_max_cores`: its replica starts there)."""
     return trial.cores if trial.start == "fresh" else max_cores.get(replica_key(trial), trial.cores)
+
+
+class _Executes(Protocol):
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult: ...
+
+
+class BookedExecutor:
+    """What the controller calls on an executor whose trials lease nodes from a :class:`NodeBook`, the same for
+    the Ray executor and the simulated one: ``execute`` on a default lane, ``capacity``, ``lease_cores`` and
+    ``cancel``. A subclass sets ``book``, ``max_cores`` (:func:`group_max_cores`) and ``_default = None``, and
+    makes its lanes (``lane()``)."""
+
+    book: NodeBook
+    max_cores: dict[str, int]
+    _default: _Executes | None
+
+    def lane(self) -> _Executes:
+        raise NotImplementedError
+
+    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
+        if self._default is None:
+            self._default = self.lane()
+        return self._default.execute(trial, attempt=attempt)
+
+    def capacity(self, trials: list[TrialSpec]) -> int:
+        """How many of ``trials`` the cluster holds at once under the policy (what the controller runs)."""
+        return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
+
+    def lease_cores(self, trial: TrialSpec) -> int:
+        """The cores a trial's lease reserves (:func:`lease_cores`)."""
+        return lease_cores(trial, self.max_cores)
+
+    def cancel(self) -> None:
+        """The sweep is stopping: trials waiting for a node stop waiting."""
+        self.book.cancel()
 
 
 class CannotPlace(RuntimeError):

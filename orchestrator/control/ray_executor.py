@@ -54,13 +54,13 @@ from orchestrator.control.controller import Phase, PhaseHook, notify_phase
 from orchestrator.control.measure import Window, WindowSequence, flat_params
 from orchestrator.control.placement import (
     NODE_LABEL,
+    BookedExecutor,
     Cancelled,
     CannotPlace,
     Node,
     NodeBook,
     Policy,
     group_max_cores,
-    lease_cores,
     need_of,
 )
 from orchestrator.node.actors import ReplicaActor, WorkloadActor, core_agent
@@ -181,7 +181,7 @@ def _write_files(tdir: Path, files: dict[str, bytes]) -> None:
         (tdir / name).write_bytes(data)
 
 
-class RayTrialExecutor:
+class RayTrialExecutor(BookedExecutor):
     """Runs trials on Ray; ``home`` is the driver's folder for trial artifacts.
 
     ``execute`` runs one trial at a time on a default lane; :meth:`lane` gives the controller more
@@ -218,22 +218,7 @@ class RayTrialExecutor:
         self._lanes.append(lane)
         return lane
 
-    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
-        if self._default is None:
-            self._default = self.lane()
-        return self._default.execute(trial, attempt=attempt)
-
-    def capacity(self, trials: list[TrialSpec]) -> int:
-        """How many of ``trials`` the cluster holds at once under the policy (what the controller runs)."""
-        return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
-
-    def lease_cores(self, trial: TrialSpec) -> int:
-        """The cores a trial's lease reserves (``placement.lease_cores``)."""
-        return lease_cores(trial, self.max_cores)
-
-    def cancel(self) -> None:
-        """The sweep is stopping: trials waiting for a node stop waiting."""
-        self.book.cancel()
+    # execute, capacity, lease_cores, cancel: placement.BookedExecutor
 
     def close(self) -> None:
         """Stop every lane's warm replica, if one is left, then let the core agents go. Safe to call more than once."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrator.control.placement import (
+    BookedExecutor,
     Cancelled,
     CannotPlace,
     Need,
@@ -49,7 +50,6 @@ from orchestrator.control.placement import (
     NodeBook,
     Policy,
     group_max_cores,
-    lease_cores,
     need_of,
 )
 from orchestrator.plan.expand import replica_key, start_key
@@ -209,7 +209,7 @@ class SimStats:
     by_node: dict[str, int] = field(default_factory=dict)  # attempts per node id
 
 
-class SimExecutor:
+class SimExecutor(BookedExecutor):
     """The controller's executor on simulated nodes (see the module docstring); ``lane()`` per controller thread."""
 
     def __init__(self, nodes: Sequence[SimNode], durations: Durations, *, plan: SweepPlan,
@@ -278,19 +278,7 @@ class SimExecutor:
         self.stats.lanes += 1
         return lane
 
-    def execute(self, trial: TrialSpec, *, attempt: int = 1) -> TrialResult:
-        if self._default is None:
-            self._default = self.lane()
-        return self._default.execute(trial, attempt=attempt)
-
-    def capacity(self, trials: list[TrialSpec]) -> int:
-        return self.book.capacity([need_of(t, self.lease_cores(t)) for t in trials])
-
-    def lease_cores(self, trial: TrialSpec) -> int:
-        return lease_cores(trial, self.max_cores)
-
-    def cancel(self) -> None:
-        self.book.cancel()
+    # execute, capacity, lease_cores, cancel: placement.BookedExecutor
 
     def close(self) -> None:
         if self._default is not None:
