@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orchestrator.observe.analysis.drift import repeat_drift
 from orchestrator.observe.analysis.knee import STATISTICS, estimate_knee, statistic
 from orchestrator.observe.report.tables import ttft_values
 
@@ -53,12 +54,13 @@ def window_seconds(d: pd.DataFrame) -> pd.Series:
     return (g["end_ns"].max() - g["sent_ns"].min()) / 1e9
 
 
-def split(d: pd.DataFrame, stat: str, rng: np.random.Generator) -> pd.DataFrame:
-    """Per core count: between-window sd of the log figure, mean within-window SE, mean window seconds."""
+def split(d: pd.DataFrame, stat: str, rng: np.random.Generator, by: str = "cores", sort: bool = True) -> pd.DataFrame:
+    """Per ``by`` group (core counts, or a sweep's designs): between-window sd of the log figure, mean within-window
+    SE, mean window seconds, windows, and the figure of the group (geometric mean of its windows' figures)."""
     f = statistic(stat)
     secs = window_seconds(d)
     rows = []
-    for cores, g in d.groupby("cores"):
+    for key, g in d.groupby(by, sort=sort):
         logs, ses, s = [], [], []
         for tid, w in g.groupby("trial_id"):
             a = w["ttft"].to_numpy()
@@ -66,8 +68,9 @@ def split(d: pd.DataFrame, stat: str, rng: np.random.Generator) -> pd.DataFrame:
             boot = [math.log(f(a[rng.integers(0, len(a), len(a))])) for _ in range(N_SE)]
             ses.append(float(np.std(boot, ddof=1)))
             s.append(float(secs[tid]))
-        rows.append({"cores": int(cores), "between": float(np.std(logs, ddof=1)) if len(logs) > 1 else math.nan,
-                     "within": float(np.mean(ses)), "seconds": float(np.mean(s)), "windows": len(logs)})
+        rows.append({by: key, "between": float(np.std(logs, ddof=1)) if len(logs) > 1 else math.nan,
+                     "within": float(np.mean(ses)), "seconds": float(np.mean(s)), "windows": len(logs),
+                     "figure": math.exp(float(np.mean(logs)))})
     return pd.DataFrame(rows)
 
 
@@ -80,20 +83,19 @@ def summary(t: pd.DataFrame, low: int) -> dict[str, float]:
 
 
 def drift(d: pd.DataFrame, by: str, stat: str = "mean") -> dict[str, float]:
-    """Whether windows measured close in time read alike: ``d`` is interleaved, each repeat one pass over the
-    ``by`` groups (core counts or designs), so a repeat is a block of consecutive windows. The between-window
-    sd of the log figure (per ``by`` group, pooled), the same after each repeat's shared offset is taken out
-    (two-way: ``by`` + repeat, no interaction), and the largest repeat offset."""
+    """Whether windows measured close in time read alike (the report's test,
+    :func:`orchestrator.observe.analysis.drift.repeat_drift`, on each window's ``stat``): ``d`` is interleaved, each
+    repeat one pass over the ``by`` groups (core counts or designs), so a repeat is a block of consecutive windows.
+    The between-window sd of the log figure (per ``by`` group, pooled), the same after each repeat's shared offset
+    is taken out, and the largest repeat offset (log)."""
     f = statistic(stat)
-    g = d.groupby(["trial_id", by, "repeat"])["ttft"].apply(lambda s: math.log(f(s.to_numpy()))).reset_index(name="y")
-    m = g["y"].mean()
-    r1 = g["y"] - g.groupby(by)["y"].transform("mean")
-    block = g.groupby("repeat")["y"].transform("mean") - m
-    r2 = r1 - block
-    n, k, b = len(g), g[by].nunique(), g["repeat"].nunique()
-    return {"between": float(np.sqrt((r1 ** 2).sum() / (n - k))),
-            "between_after_block": float(np.sqrt((r2 ** 2).sum() / max(1, n - k - b + 1))),
-            "largest_block": float(g.groupby("repeat")["y"].mean().sub(m).abs().max()), "blocks": b}
+    w = d.groupby(["trial_id", by, "repeat"]).agg(figure=("ttft", lambda s: f(s.to_numpy())),
+                                                    start=("sent_ns", "min")).reset_index()
+    found = repeat_drift(w, [by], figure="figure", start="start")
+    if found is None:
+        raise ValueError(f"no drift test: the repeats are not blocks in time, or too few repeats or {by} groups")
+    return {"between": found.between, "between_after_block": found.between_after,
+            "largest_block": max(abs(math.log1p(o)) for o in found.offsets), "blocks": len(found.repeats)}
 
 
 def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:

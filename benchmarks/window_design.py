@@ -32,34 +32,28 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import knee_noise  # noqa: E402
 from h200_records import gather  # noqa: E402
 from knee_noise import N_SE, drift, table  # noqa: E402
 
-from orchestrator.observe.analysis.knee import statistic  # noqa: E402
 from orchestrator.observe.report.tables import ttft_values  # noqa: E402
 
 STATS = ("mean", "p90")
 
 
 def split(records: pd.DataFrame, windows: pd.DataFrame, stat: str, rng: np.random.Generator) -> list[dict]:
-    f = statistic(stat)
     # a window's cost: its trial's start to end; the median leaves out the first window of a shared start, whose
     # trial also holds the replica's start and warm-up
     held = (windows["ended_at"] - windows["started_at"]).set_axis(windows["trial_id"])
     rows = []
-    for design, d in records.groupby("workload", sort=False):
-        logs, ses = [], []
-        for _, w in d.groupby("trial_id"):
-            a = w["ttft"].to_numpy()
-            logs.append(math.log(f(a)))
-            ses.append(float(np.std([math.log(f(a[rng.integers(0, len(a), len(a))])) for _ in range(N_SE)], ddof=1)))
+    for _, r in knee_noise.split(records, stat, rng, by="workload", sort=False).iterrows():
+        d = records[records["workload"] == r["workload"]]
         tids = d["trial_id"].unique()
-        span = (d.groupby("trial_id")["end_ns"].max() - d.groupby("trial_id")["sent_ns"].min()) / 1e9
-        between, secs = float(np.std(logs, ddof=1)), float(held[tids].median())
-        rows.append({"design": design, "statistic": stat, "windows": len(tids),
-                     "requests": int(len(d) / len(tids)), "figure": 1000 * math.exp(float(np.mean(logs))),
-                     "span": float(span.mean()), "held": secs, "between": between, "within": float(np.mean(ses)),
-                     "ratio": between / float(np.mean(ses)), "per_s": between * math.sqrt(secs)})
+        secs = float(held[tids].median())
+        rows.append({"design": r["workload"], "statistic": stat, "windows": int(r["windows"]),
+                     "requests": int(len(d) / len(tids)), "figure": 1000 * r["figure"], "span": r["seconds"],
+                     "held": secs, "between": r["between"], "within": r["within"], "ratio": r["between"] / r["within"],
+                     "per_s": r["between"] * math.sqrt(secs)})
     return rows
 
 
