@@ -23,7 +23,7 @@ from orchestrator.infra.local_servers import mlflow_server, ray_cluster, ui_comm
 from orchestrator.observe.report.comparison import results_frame
 from orchestrator.observe.report.console import print_tables
 from orchestrator.observe.report.writer import load_sweep, write_sweep_report
-from orchestrator.observe.sweep_record import log_time_use, tracked_frame
+from orchestrator.observe.sweep_record import log_time_use, reference_history, tracked_frame
 from orchestrator.observe.tracking import MlflowTracker
 from orchestrator.plan.expand import expand
 from orchestrator.plan.preflight import errors, preflight
@@ -67,6 +67,8 @@ def _run_locked(spec: SweepSpec, spec_path: Path, home: Path, *, console: Consol
         executor = RayTrialExecutor(home, plan=plan)
         display = SweepDisplay(console, plan)  # live on a terminal, lines otherwise; the warnings when it ends
         executor.on_phase = display.on_phase
+        if resume:  # crosscheck: auto: the ends earlier runs ran the references at are not run again
+            executor.references.resume(reference_history(ml.uri, plan))
         controller = SweepController(
             plan, executor, observers=[tracker],
             finished=(lambda: tracker.finished_trial_ids(spec.name)) if resume else set,

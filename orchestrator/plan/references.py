@@ -94,6 +94,20 @@ class ReferencePlan:
                 return
             c.last_ratio[trial.cores] = float(ratio)
 
+    def resume(self, done: Iterable[tuple[TrialSpec, str | None, float | None]]) -> None:
+        """The windows earlier runs of this sweep finished (a resumed sweep), in the order they ran, each with why it
+        ran the references and their ratio: an end they ran at is claimed, the ratio kept, and the summary names
+        them, so a window after the resume does not run the references again for an end that has had them."""
+        for trial, why, ratio in done:
+            if trial.protocol.crosscheck != "auto" or not why:
+                continue
+            with self._lock:
+                c = self._config(trial)
+                if why in (FEWEST, MOST):
+                    c.claimed.add(trial.cores)
+                c.ran.setdefault(trial.cores, []).append(why)
+            self.record(trial, why, ratio)
+
     def summary(self) -> list[str]:
         """One line per configuration on auto: where the references ran, and why."""
         with self._lock:

@@ -107,3 +107,16 @@ def test_auto_and_its_tolerance_in_the_spec():
         _plan(crosscheck="sometimes")
     with pytest.raises(SpecError, match="crosscheck_tolerance"):
         _plan(crosscheck_tolerance=0)
+
+
+def test_a_resumed_sweep_does_not_run_the_references_again_at_an_end_earlier_runs_had():
+    trials = _plan(repeats=3, crosscheck_tolerance=0.10)
+    refs = ReferencePlan(trials)
+    # the interrupted run finished the most cores (agreed) and the fewest (disagreed by 40%), and one window between
+    refs.resume([(_at(trials, 8, 0), MOST, 1.02), (_at(trials, 1, 0), FEWEST, 1.40), (_at(trials, 2, 0), None, None)])
+    assert refs.claim(_at(trials, 8, 1)) is None                     # the most cores had theirs
+    assert refs.claim(_at(trials, 1, 1)) == "disagreed by +40%"      # the fewest disagreed: again
+    assert refs.summary() == ["references (crosscheck: auto), tiny a: 1 cores (fewest cores, disagreed by +40%), "
+                              "8 cores (most cores)"]
+    fresh = ReferencePlan(trials)  # without the earlier runs the most cores would claim its end again
+    assert fresh.claim(_at(trials, 8, 1)) == MOST
