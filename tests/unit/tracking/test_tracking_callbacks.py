@@ -16,11 +16,15 @@ class _Recorder:
 
     def on_sweep_start(self, plan): self.events.append("sweep_start")
     def on_trial_start(self, trial): self.events.append("trial_start")
+    def persist_result(self, trial, result): self.events.append("persist")
     def on_trial_result(self, trial, result): self.events.append("trial_result")
     def on_sweep_end(self, plan, results): self.events.append("sweep_end")
 
 
 class _Broken(_Recorder):
+    def persist_result(self, trial, result):
+        raise OSError("disk full")
+
     def on_trial_result(self, trial, result):
         raise RuntimeError("tracking exploded")
 
@@ -40,12 +44,14 @@ def test_callback_list_isolates_failures(caplog: pytest.LogCaptureFixture):
     with caplog.at_level(logging.ERROR, logger="orchestrator.observe.tracking"):
         cbs.on_sweep_start(None)
         cbs.on_trial_start(None)
+        cbs.persist_result(None, None)
         cbs.on_trial_result(None, None)
         cbs.on_sweep_end(None, [])
-    assert first.events == last.events == ["sweep_start", "trial_start", "trial_result", "sweep_end"]
+    assert first.events == last.events == ["sweep_start", "trial_start", "persist", "trial_result", "sweep_end"]
     assert broken.events == ["sweep_start", "trial_start", "sweep_end"]
-    assert partial.ended
+    assert partial.ended  # a callback without persist_result (or the others) is skipped for them
     assert "_Broken.on_trial_result failed" in caplog.text and "tracking exploded" in caplog.text
+    assert "_Broken.persist_result failed" in caplog.text and "disk full" in caplog.text
 
 
 def test_mlflow_server_ok_false_on_closed_port_and_true_for_local_stores():
