@@ -10,13 +10,17 @@ must run one after another on one replica (a repin group, the windows of a share
 one chain, every other trial is a chain of its own. Up to ``max_concurrent`` lanes run chains
 side by side, each on its own thread with its own executor lane (``executor.lane()``: its own
 warm replica, its own node). How many trials the cluster can hold at once is the executor's to
-say (``executor.capacity(trials)``); the controller takes the smaller of that and the cap. An
+say (``executor.capacity(trials)``); the controller takes the smaller of that and the cap. Lanes
+belong to a kind of node (``executor.kind_of(trial)``: H100, H200, any): each kind's chains are
+taken in plan order by that kind's own lanes, as many as its nodes hold, so a plan that lists its
+H200 trials first still keeps the H100 nodes busy from the start. An
 executor without lanes (a test's fake) runs one trial at a time, as before; trials finish in
 any order.
 
-**The writer.** Writing a result (the tracker's outbox parquet, an MLflow child run with its
-params, metrics and artifacts) takes 0.3-0.6 s, seconds with big artifacts. So a lane does not
-call the observers itself: ``on_trial_start``, ``on_trial_result`` and the progress callback are
+**The writer.** Writing a result to MLflow (a child run with its params, metrics and artifacts)
+takes a fraction of a second, seconds with big artifacts. So a lane does not upload: it only
+makes the result durable (``persist_result``: the tracker puts it into its outbox on disk, so
+what waits for the writer is on disk, not only in memory), then ``on_trial_start``, ``on_trial_result`` and the progress callback are
 queued to one writer thread (``sweep-writer``), and the lane goes on at once to its next trial;
 the next trial's replica starts while the last one's results are written. One thread, fed in
 FIFO order, so observers never run concurrently and each trial's start comes before its result.
@@ -189,6 +193,7 @@ class _Writer:
 
 
 MAIN = "run"  # the producer name of the thread in SweepController.run()
+_ALL = "\0all"  # the lanes' key when every lane takes chains of any kind
 
 
 class _Producers:
@@ -296,9 +301,9 @@ class SweepController:
                     self._end_sweep(results)
                     return results
                 groups = chains(todo)
-                lanes = self._lanes(todo, len(groups))
-                self.lanes_used = lanes
-                if lanes <= 1:
+                lanes = self._lanes(groups)
+                self.lanes_used = sum(lanes.values())
+                if self.lanes_used <= 1:
                     for chain in groups:  # the plan's order: chains are consecutive runs of it
                         self._run_chain(chain, self.executor, results.append)
                 else:
@@ -349,26 +354,44 @@ class SweepController:
                         writer.pending())
             raise
 
-    def _lanes(self, todo: list[TrialSpec], groups: int) -> int:
-        if not hasattr(self.executor, "lane") or groups <= 1:
-            return 1
-        bounds = [groups]
-        if self.max_concurrent is not None:
-            bounds.append(self.max_concurrent)
-        capacity = getattr(self.executor, "capacity", None)
-        if capacity is not None:
-            bounds.append(capacity(todo))
-        return max(1, min(bounds))
+    def _kind_of(self, group: list[TrialSpec]) -> str:
+        """The kind of node a chain (or a configuration's search) waits for; one kind for an executor that has none."""
+        kind_of = getattr(self.executor, "kind_of", None)
+        return str(kind_of(group[0])) if kind_of is not None else ""
 
-    def _run_lanes(self, groups: list[list[TrialSpec]], lanes: int, results: list[TrialResult],
+    def _lanes(self, groups: list[list[TrialSpec]]) -> dict[str, int]:
+        """Lanes per kind of node (:meth:`_kind_of`): as many as that kind's chains, capped by what the cluster
+        holds of them at once (``executor.capacity``); all kinds together capped by ``max_concurrent``, each kind
+        keeping at least one. An executor without lanes gets one, for every kind."""
+        by_kind: dict[str, list[list[TrialSpec]]] = {}
+        for g in groups:
+            by_kind.setdefault(self._kind_of(g), []).append(g)
+        cap = self.max_concurrent
+        if not hasattr(self.executor, "lane") or len(groups) <= 1 or (cap is not None and cap <= 1):
+            return {_ALL: 1}
+        capacity = getattr(self.executor, "capacity", None)
+        if cap is not None and cap < len(by_kind):  # fewer lanes than kinds: every lane takes any kind, in order
+            return {_ALL: min(cap, len(groups), capacity([t for g in groups for t in g]) if capacity else cap)}
+        want = {k: max(1, min(len(gs), capacity([t for g in gs for t in g]) if capacity is not None else len(gs)))
+                for k, gs in by_kind.items()}
+        if cap is not None and sum(want.values()) > cap:  # shared out in proportion, at least one a kind
+            total = sum(want.values())
+            want = {k: max(1, (n * cap) // total) for k, n in want.items()}
+        return want
+
+    def _run_lanes(self, groups: list[list[TrialSpec]], lanes: dict[str, int], results: list[TrialResult],
                    run: Callable[[list[TrialSpec], Lane, Callable[[TrialResult], None]], bool] | None = None) -> None:
-        """Up to ``lanes`` threads take ``groups`` in order, each running one with ``run`` (a chain's trials by
-        default; a configuration's knee search) on its own executor lane."""
+        """``lanes[kind]`` threads per kind of node take that kind's ``groups`` in order, each running one with
+        ``run`` (a chain's trials by default; a configuration's knee search) on its own executor lane. A lane of
+        one kind never takes another kind's group: it would wait for a node of that kind while a free node of its
+        own idled."""
         run = run or self._run_chain
-        queue = deque(groups)
+        queues: dict[str, deque[list[TrialSpec]]] = {k: deque() for k in lanes}
+        for g in groups:
+            queues.get(self._kind_of(g), queues.get(_ALL, deque())).append(g)
         take = threading.Lock()
 
-        def lane_main() -> None:
+        def lane_main(queue: deque[list[TrialSpec]]) -> None:
             try:
                 lane = self.executor.lane()  # type: ignore[attr-defined]  # optional: checked by hasattr above
                 try:
@@ -391,7 +414,8 @@ class SweepController:
             finally:  # every result of this lane is queued and appended (or it died): it is done
                 self._producers.done(threading.current_thread().name)
 
-        threads = [threading.Thread(target=lane_main, name=f"lane-{i}", daemon=True) for i in range(lanes)]
+        threads = [threading.Thread(target=lane_main, args=(queues[k],), name=f"lane-{k}-{i}" if k not in ("", _ALL)
+                                    else f"lane-{i}", daemon=True) for k, n in lanes.items() for i in range(n)]
         try:
             for t in threads:
                 self._producers.add(t.name)  # before it starts, so no lane runs uncounted
@@ -450,10 +474,10 @@ class SweepController:
                 ended[group[0].trial_id] = (outcome, {t.trial_id for t in done})
             return True
 
-        lanes = self._lanes(list(self.plan.trials), len(groups))
-        self.lanes_used = lanes
+        lanes = self._lanes(groups)
+        self.lanes_used = sum(lanes.values())
         try:
-            if lanes <= 1:
+            if self.lanes_used <= 1:
                 for group in groups:
                     search_one(group, self.executor, results.append)
             else:
@@ -527,6 +551,11 @@ class SweepController:
         self._submit(trial_start)
 
     def _result(self, trial: Trial, spec: TrialSpec, result: TrialResult) -> None:
+        # Durable first, in this (the lane's) thread: an observer that persists results (the tracker's outbox on
+        # disk) has it before it waits in the writer's queue, so a driver killed with results queued loses none.
+        persist = getattr(self.observers, "persist_result", None)
+        if persist is not None:
+            persist(spec, result)
         snap = _snapshot(trial)
 
         def trial_result() -> None:

@@ -11,13 +11,23 @@ actual, disjoint cores.
 The book is pure bookkeeping over an injected inventory (``Node`` records; the executor reads
 them from ``ray.nodes()``), so it is tested without Ray. :meth:`NodeBook.acquire` blocks until
 a node that fits has room, and fails at once, with the reason, when no node of the cluster could
-ever hold the trial. Nodes that join or die are seen at the next look (``refresh_s``).
+ever hold the trial. Nodes that join or die are seen at the next read of the inventory (at most
+every ``refresh_s``, or at :meth:`NodeBook.refresh`).
+
+**Kinds of node.** A trial waits for a node of its kind (:func:`kind_key`: its accelerator type, or
+any node for a CPU trial). The controller runs each kind's trials on lanes of their own, as many as
+that kind's nodes hold (:meth:`BookedExecutor.kind_of`), so an H100 node never idles while H100
+trials are pending behind H200 trials that wait for an H200 node; and a release hands its node to
+the oldest trial waiting for that kind, waking that one lane only.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -129,6 +139,11 @@ class BookedExecutor:
         """The cores a trial's lease reserves (:func:`lease_cores`)."""
         return lease_cores(trial, self.max_cores)
 
+    def kind_of(self, trial: TrialSpec) -> str:
+        """The kind of node the trial waits for (:func:`kind_key`): the controller gives each kind lanes of its
+        own, so a trial waiting for one kind never holds a lane a free node of another kind could use."""
+        return kind_key(trial.hardware)
+
     def cancel(self) -> None:
         """The sweep is stopping: trials waiting for a node stop waiting."""
         self.book.cancel()
@@ -142,6 +157,15 @@ class Cancelled(RuntimeError):
     """The book was cancelled (the sweep is stopping) while a trial waited for a node."""
 
 
+ANY = "*"  # the kind key of a trial that fits any node (hardware "cpu"), and of every node
+
+
+def kind_key(hardware: str) -> str:
+    """The queue a trial of ``hardware`` waits in, and lanes are counted by: its accelerator type, or
+    :data:`ANY` for a CPU trial (which fits a node of any kind)."""
+    return ANY if hardware.lower() == "cpu" else hardware
+
+
 @dataclass
 class _Use:
     cores: int = 0
@@ -149,18 +173,98 @@ class _Use:
     owners: dict[str, Need] = field(default_factory=dict)
 
 
+@dataclass
+class BookStats:
+    """What the book did, for the scale figures: each counts calls or events since the book was made."""
+
+    acquires: int = 0         # nodes handed out (by a free look or a hand-off)
+    releases: int = 0         # releases of a held node
+    handoffs: int = 0         # waiters woken with a node (each wake-up carries the node it is for)
+    wakeups: int = 0          # waiters woken at all (hand-offs, plus cancel and inventory changes)
+    inventory_reads: int = 0  # calls of the inventory (``ray.nodes()`` on a cluster)
+    waits: int = 0            # times a caller found no free node and queued
+
+
+@dataclass(eq=False)
+class _Waiter:
+    seq: int
+    owner: str
+    need: Need
+    avoid_key: str
+    wake: Callable[[str | None], None]  # called under the book's lock with the node handed over, or None
+    done: bool = False
+
+
 class NodeBook:
-    """Thread-safe: lanes acquire and release nodes concurrently."""
+    """Thread-safe: lanes acquire and release nodes concurrently.
+
+    **Waiting.** A trial that finds no free node queues, first come first served, in its kind's queue
+    (:func:`kind_key`). A release hands the node straight to the oldest queued trial that takes it (one
+    wake-up, carrying the node; under ``packed``, as many as now fit): no other waiter is woken and none
+    looks at the cluster again. A cancel wakes every waiter; so does an inventory read that finds nodes
+    joined or gone (each is handed a free node that fits it, or looks again and learns it can never fit).
+
+    **The inventory** (``ray.nodes()`` on a cluster) is read at most once per ``refresh_s`` (by ``clock``),
+    or when :meth:`refresh` is called (a node died), not once per look: the free nodes of each kind are kept
+    in an index, so a look costs the same at 8 nodes as at 4096 (``exclusive``; ``packed`` still scans the
+    nodes of the trial's kind for the emptiest). ``refresh_s`` 0 reads it at every look.
+    """
 
     def __init__(self, inventory: Callable[[], list[Node]], policy: Policy = "exclusive",
-                 refresh_s: float = 2.0) -> None:
+                 refresh_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.inventory = inventory
         self.policy = policy
         self.refresh_s = refresh_s
+        self.clock = clock
+        self.stats = BookStats()
         self._use: dict[str, _Use] = {}
         self._avoid: dict[str, set[str]] = {}  # trial id -> nodes where an attempt of it died
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
         self._cancelled = False
+        self._nodes: dict[str, Node] = {}
+        self._read_at: float | None = None
+        self._by_kind: dict[str, list[str]] = {}  # kind key -> ids of its nodes, ascending
+        self._free: dict[str, list[str]] = {}  # exclusive: kind key -> ids of its free nodes, ascending
+        self._never: dict[tuple[str, int, int], bool] = {}  # (kind, least cores, gpus) -> no node fits
+        self._queues: dict[str, deque[_Waiter]] = {}  # kind key -> waiters, oldest first
+        self._seq = 0
+
+    # ------------------------------------------------------------------ the inventory
+    def _nodes_now(self, force: bool = False) -> dict[str, Node]:
+        """Under the lock: the cached inventory, read again when stale (or ``force``)."""
+        now = self.clock()
+        if force or self._read_at is None or now - self._read_at >= self.refresh_s:
+            self._read(self.inventory())
+            self._read_at = now
+        return self._nodes
+
+    def _read(self, nodes: list[Node]) -> None:
+        self.stats.inventory_reads += 1
+        before = self._nodes
+        self._nodes = {n.node_id: n for n in nodes}
+        if before.keys() == self._nodes.keys() and all(before[k] == v for k, v in self._nodes.items()):
+            return
+        self._never.clear()
+        by_kind: dict[str, list[str]] = {}
+        for nid in sorted(self._nodes):
+            for k in (ANY, *self._nodes[nid].hardware):
+                by_kind.setdefault(k, []).append(nid)
+        self._by_kind = by_kind
+        self._free = {k: [nid for nid in ids if not self._held(nid)] for k, ids in by_kind.items()}
+        if before:  # nodes joined or left: each waiter gets a free node that fits it, or looks again
+            self._wake_all_waiters()
+
+    def refresh(self) -> None:
+        """Read the inventory now (a node died or joined); waiters are handed what it frees."""
+        with self._lock:
+            self._nodes_now(force=True)
+
+    def _held(self, node_id: str) -> bool:
+        use = self._use.get(node_id)
+        return use is not None and bool(use.owners)
+
+    def _kinds_of(self, node: Node) -> tuple[str, ...]:
+        return (ANY, *node.hardware)
 
     # ------------------------------------------------------------------ queries
     def _has_room(self, node: Node, need: Need) -> bool:
@@ -171,25 +275,41 @@ class NodeBook:
             return False
         return use.cores + need.held <= node.cpus and use.gpus + need.gpus <= node.gpus
 
+    def _candidates(self, need: Need) -> list[str]:
+        return self._by_kind.get(kind_key(need.hardware), [])
+
     def why_never(self, need: Need, nodes: list[Node] | None = None) -> str | None:
         """None if some node could hold ``need`` when empty; else the reason, naming what the nodes have."""
-        nodes = self.inventory() if nodes is None else nodes
-        if any(need.matches(n) for n in nodes):
-            return None
-        have = "; ".join(f"{n.node_id[:8]}: {n.cpus:g} CPU, {n.gpus:g} GPU"
-                         f"{', ' + ','.join(sorted(n.hardware)) if n.hardware else ''}" for n in nodes)
-        return f"no node can ever hold {need}; nodes: {have or 'none'}"
+        with self._lock:
+            if nodes is None:
+                have = self._nodes_now()
+                key = (kind_key(need.hardware), need.cores if need.client_shared else need.held, need.gpus)
+                never = self._never.get(key)
+                if never is None:
+                    never = self._never[key] = not any(need.matches(have[nid]) for nid in self._candidates(need))
+                if not never:
+                    return None
+                listed = list(have.values())
+            else:
+                if any(need.matches(n) for n in nodes):
+                    return None
+                listed = nodes
+        text = "; ".join(f"{n.node_id[:8]}: {n.cpus:g} CPU, {n.gpus:g} GPU"
+                         f"{', ' + ','.join(sorted(n.hardware)) if n.hardware else ''}" for n in listed)
+        return f"no node can ever hold {need}; nodes: {text or 'none'}"
 
     def capacity(self, needs: list[Need]) -> int:
-        """How many of these trials the cluster could hold at once (at least 1)."""
-        nodes = self.inventory()
-        if not needs:
+        """How many of these trials the cluster could hold at once (at least 1); reads the inventory afresh."""
+        with self._lock:
+            nodes = list(self._nodes_now(force=True).values())
+        distinct = list(dict.fromkeys(needs))
+        if not distinct:
             return 1
         if self.policy == "exclusive":
-            return max(1, sum(1 for n in nodes if any(need.matches(n) for need in needs)))
+            return max(1, sum(1 for n in nodes if any(need.matches(n) for need in distinct)))
         total = 0
         for n in nodes:
-            fitting = [need for need in needs if need.matches(n)]
+            fitting = [need for need in distinct if need.matches(n)]
             if fitting:
                 small = min(fitting, key=lambda x: x.held)
                 by_gpu = int(n.gpus // small.gpus) if small.gpus else 1 << 30
@@ -198,69 +318,193 @@ class NodeBook:
 
     def in_use(self) -> dict[str, list[str]]:
         """Node id -> the owners holding room on it now."""
-        with self._cond:
+        with self._lock:
             return {n: sorted(u.owners) for n, u in self._use.items() if u.owners}
 
     def neighbours(self, node_id: str, owner: str) -> list[str]:
-        with self._cond:
+        with self._lock:
             use = self._use.get(node_id)
             return sorted(o for o in (use.owners if use else {}) if o != owner)
 
+    def waiting(self) -> int:
+        """Trials queued for a node now."""
+        with self._lock:
+            return sum(1 for q in self._queues.values() for w in q if not w.done)
+
+    # ------------------------------------------------------------------ choosing a node
+    def _pick(self, need: Need, avoid_key: str) -> Node | None:
+        """Under the lock: the node to give ``need`` now, or None. The lowest id among free fitting nodes
+        (``packed``: the emptiest, then the lowest id). A node where an attempt of the trial died is taken
+        only when no other node of the cluster fits it at all."""
+        avoid = self._avoid.get(avoid_key, ())
+        nodes = self._nodes
+        fallback: Node | None = None
+        if self.policy == "exclusive":
+            for nid in self._free.get(kind_key(need.hardware), ()):
+                node = nodes[nid]
+                if not need.matches(node):
+                    continue
+                if nid in avoid:
+                    fallback = fallback or node
+                    continue
+                return node
+        else:
+            best: tuple[int, str] | None = None
+            for nid in self._candidates(need):
+                node = nodes[nid]
+                if not need.matches(node) or not self._has_room(node, need):
+                    continue
+                if nid in avoid:
+                    fallback = fallback or node
+                    continue
+                key = (self._use.get(nid, _Use()).cores, nid)
+                if best is None or key < best:
+                    best = key
+            if best is not None:
+                return nodes[best[1]]
+        if fallback is not None and not any(nid not in avoid and need.matches(nodes[nid])
+                                            for nid in self._candidates(need)):
+            return fallback
+        return None
+
+    def _book(self, node: Node, owner: str, need: Need) -> str:
+        use = self._use.setdefault(node.node_id, _Use())
+        use.cores += need.held
+        use.gpus += need.gpus
+        use.owners[owner] = need
+        if self.policy == "exclusive":
+            for k in self._kinds_of(node):
+                ids = self._free.get(k)
+                if ids:
+                    i = bisect.bisect_left(ids, node.node_id)
+                    if i < len(ids) and ids[i] == node.node_id:
+                        del ids[i]
+        self.stats.acquires += 1
+        return node.node_id
+
+    def _freed(self, node_id: str) -> None:
+        """Under the lock: ``node_id`` has room again: into the free index, then handed to the oldest waiter
+        that takes it (``packed``: to each waiter in turn while room lasts)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        if self.policy == "exclusive" and not self._held(node_id):
+            for k in self._kinds_of(node):
+                ids = self._free.setdefault(k, [])
+                i = bisect.bisect_left(ids, node_id)
+                if i == len(ids) or ids[i] != node_id:
+                    ids.insert(i, node_id)
+        queues = [q for k in self._kinds_of(node) if (q := self._queues.get(k))]
+        for waiter in heapq.merge(*queues, key=lambda w: w.seq) if len(queues) > 1 else (queues[0] if queues else ()):
+            if waiter.done or not waiter.need.matches(node) or not self._has_room(node, waiter.need):
+                continue
+            got = self._pick(waiter.need, waiter.avoid_key)
+            if got is None:
+                continue
+            self._hand(waiter, self._book(got, waiter.owner, waiter.need))
+            self.stats.handoffs += 1
+            if not self._has_room(node, Need(1, 0, ANY)):
+                break
+        for q in queues:
+            while q and q[0].done:
+                q.popleft()
+
+    def _hand(self, waiter: _Waiter, node_id: str | None) -> None:
+        waiter.done = True
+        self.stats.wakeups += 1
+        waiter.wake(node_id)
+
+    def _wake_all_waiters(self) -> None:
+        """Under the lock: every waiter is handed a free node that fits it now, or woken to look again."""
+        waiters = sorted((w for q in self._queues.values() for w in q if not w.done), key=lambda w: w.seq)
+        self._queues = {}
+        for w in waiters:
+            got = None if self._cancelled else self._pick(w.need, w.avoid_key)
+            if got is not None:
+                self.stats.handoffs += 1
+                self._hand(w, self._book(got, w.owner, w.need))
+            else:
+                self._hand(w, None)
+
     # ------------------------------------------------------------------ acquire / release
+    def acquire_or_queue(self, owner: str, need: Need, wake: Callable[[str | None], None], *,
+                         trial_id: str | None = None) -> str | None:
+        """A node for ``need`` now, or None and ``wake`` queued: called later, under the book's lock, with the
+        node handed over (already booked to ``owner``), or with None when the caller should look again (the
+        inventory changed, or the book was cancelled). Raises CannotPlace, Cancelled."""
+        with self._lock:
+            if self._cancelled:
+                raise Cancelled("the sweep is stopping")
+            self._nodes_now()
+            why = self.why_never(need)
+            if why:
+                raise CannotPlace(why)
+            avoid_key = trial_id or owner
+            node = self._pick(need, avoid_key)
+            if node is not None:
+                return self._book(node, owner, need)
+            self._seq += 1
+            self._queues.setdefault(kind_key(need.hardware), deque()).append(
+                _Waiter(self._seq, owner, need, avoid_key, wake))
+            self.stats.waits += 1
+            return None
+
     def acquire(self, owner: str, need: Need, *, trial_id: str | None = None,
                 timeout_s: float | None = None) -> str:
         """Reserve room for ``need`` on a node and return its id; blocks while every fitting node is full.
 
         A node where an earlier attempt of ``trial_id`` died is taken only when no other node fits."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
-            while True:
+        while True:
+            handed: list[str | None] = []
+            woken = threading.Event()
+
+            def wake(node: str | None, handed: list[str | None] = handed, woken: threading.Event = woken) -> None:
+                handed.append(node)
+                woken.set()
+
+            node = self.acquire_or_queue(owner, need, wake, trial_id=trial_id)
+            if node is not None:
+                return node
+            wait = self.refresh_s if self.refresh_s > 0 else 0.05  # a waiter looks again at least this often
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            woken.wait(timeout=wait)
+            with self._lock:
+                if handed and handed[0] is not None:
+                    return handed[0]
+                self._drop_waiter(owner)
                 if self._cancelled:
                     raise Cancelled("the sweep is stopping")
-                nodes = self.inventory()
-                why = self.why_never(need, nodes)
-                if why:
-                    raise CannotPlace(why)
-                avoid = self._avoid.get(trial_id or owner, set())
-                fitting = [n for n in nodes if need.matches(n)]
-                if any(n.node_id not in avoid for n in fitting):
-                    fitting = [n for n in fitting if n.node_id not in avoid]
-                free = [n for n in fitting if self._has_room(n, need)]
-                if free:
-                    # The emptiest node first (packed fills evenly); ties by id, so runs are reproducible.
-                    node = min(free, key=lambda n: (self._use.get(n.node_id, _Use()).cores, n.node_id))
-                    use = self._use.setdefault(node.node_id, _Use())
-                    use.cores += need.held
-                    use.gpus += need.gpus
-                    use.owners[owner] = need
-                    return node.node_id
-                wait = self.refresh_s
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"no node free for {need} after {timeout_s:g} s")
-                    wait = min(wait, left)
-                self._cond.wait(timeout=wait)
+            if deadline is not None and not handed and time.monotonic() >= deadline:
+                raise TimeoutError(f"no node free for {need} after {timeout_s:g} s")
+
+    def _drop_waiter(self, owner: str) -> None:
+        for q in self._queues.values():
+            for w in q:
+                if w.owner == owner and not w.done:
+                    w.done = True
 
     def release(self, node_id: str, owner: str) -> None:
-        with self._cond:
+        with self._lock:
             use = self._use.get(node_id)
             if use is not None and owner in use.owners:
                 need = use.owners.pop(owner)
                 use.cores -= need.held
                 use.gpus -= need.gpus
-            self._cond.notify_all()
+                self.stats.releases += 1
+                self._freed(node_id)
 
     def avoid(self, trial_id: str, node_id: str) -> None:
         """An attempt of ``trial_id`` died on ``node_id``: its retry goes elsewhere when it can."""
-        with self._cond:
+        with self._lock:
             self._avoid.setdefault(trial_id, set()).add(node_id)
 
     def cancel(self) -> None:
-        with self._cond:
+        with self._lock:
             self._cancelled = True
-            self._cond.notify_all()
+            self._wake_all_waiters()
 
 
-__all__ = ["ACCEL_LABEL", "NODE_LABEL", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook", "Policy", "group_max_cores",
-           "lease_cores", "need_of"]
+__all__ = ["ACCEL_LABEL", "ANY", "NODE_LABEL", "BookStats", "Cancelled", "CannotPlace", "Need", "Node", "NodeBook",
+           "Policy", "group_max_cores", "kind_key", "lease_cores", "need_of"]

@@ -481,6 +481,7 @@ class _Lane:
             kind = ErrorKind.INTERNAL if getattr(exc, "actor_init_failed", False) else ErrorKind.NODE_DIED
             if lease is not None and kind is ErrorKind.NODE_DIED:
                 ex.book.avoid(trial.trial_id, lease.node)  # the retry goes to another node when there is one
+                ex.book.refresh()  # the book reads the cluster now, not at its next refresh: the node may be gone
             return ex.failed(trial, tdir, kind, _last_line(str(exc)), facts, started)
         except RayTaskError as exc:
             kind = _task_error_kind(exc.cause)

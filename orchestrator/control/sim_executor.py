@@ -17,10 +17,11 @@ lane had asked for a node. The controller itself reads wall time only for ``writ
 not touch); nothing in it had to change.
 
 **The node book.** The executor asks the real book for a node the way the Ray executor does (``need_of``,
-``lease_cores``, ``replica_key``/``start_key`` for warm leases), but with ``timeout_s=0``: the book's own
-wait is on a real-time condition, so when no node is free the lane waits in *virtual* time for the next
-release (or a node joining) and asks again. A trial no node can ever hold fails at once as CANNOT_FIT,
-from the book.
+``lease_cores``, ``replica_key``/``start_key`` for warm leases), through ``acquire_or_queue``: when no node is
+free the lane queues in the book and waits in *virtual* time until the book hands it a node (a release, or a
+node joining), exactly the hand-off the Ray executor's blocking ``acquire`` waits for in real time; no other
+lane is woken. The book reads the inventory when it changes (``refresh`` at a fault), not at every look. A
+trial no node can ever hold fails at once as CANNOT_FIT, from the book.
 
 **Faults.** A :class:`Fault` takes a node down at a virtual time: ``node_lost`` for good, ``raylet_died``
 with the node back under a new node id after ``restart_s`` (as Ray does: a restarted raylet is a new
@@ -110,7 +111,7 @@ class VirtualClock:
         woken.wait()
 
     def block(self, woken: threading.Event) -> None:
-        """Block the calling lane until an event sets ``woken`` (a node freed: ``SimExecutor._wake_node_waiters``)."""
+        """Block the calling lane until an event sets ``woken`` (the book handed the lane a node: ``SimExecutor.acquire``)."""
         with self._lock:
             self._blocked += 1
             self._advance()
@@ -224,11 +225,12 @@ class SimExecutor(BookedExecutor):
         self.epoch = epoch  # virtual time 0 as a Unix time, for started_at/ended_at
         self.policy: Policy = policy or plan.spec.placement
         self._nodes: dict[str, tuple[SimNode, float, float]] = {n.node_id: (n, 0.0, float("inf")) for n in nodes}
-        self.book = NodeBook(self._inventory, self.policy)
+        # The inventory is read when it changes (a node lost or back: ``refresh``), as Ray's node events would tell.
+        self.book = NodeBook(self._inventory, self.policy, refresh_s=float("inf"), clock=lambda: self.clock.now)
+        self._woken: list[threading.Event] = []  # lanes the book handed a node (or told to look again), to wake
         self.max_cores = group_max_cores(plan.trials)
         self.stats = SimStats()
         self._lock = threading.Lock()
-        self._node_waiters: list[threading.Event] = []
         self._running: dict[str, set[threading.Event]] = {}  # node id -> its trials' ends, to cut them short
         self._cut: dict[str, float] = {}  # node id -> when its node died (the trial on it fails)
         self._seq = 0
@@ -257,20 +259,27 @@ class SimExecutor(BookedExecutor):
             if f.kind == "raylet_died":
                 back = SimNode(f"{node.node_id}-r{int(f.at_s)}", node.cpus, node.gpus, node.hardware)
                 self._nodes[back.node_id] = (back, f.at_s + f.restart_s, float("inf"))
-                self.clock._push(f.at_s + f.restart_s, self._wake_node_waiters)
+                self.clock._push(f.at_s + f.restart_s, self._node_joined)
             self._cut[f.node_id] = f.at_s
             for ev in self._running.get(f.node_id, ()):  # the trials on it end now
                 self.clock._push(f.at_s, _setter(ev))
+            self._book_call(self.book.refresh)
+            self._wake_handed()
             return False
 
         self.clock.at(f.at_s, down)
 
-    def _wake_node_waiters(self) -> bool:
-        """Under the clock's lock: every lane waiting for a node asks the book again, at the current time."""
-        waiters, self._node_waiters = self._node_waiters, []
-        for ev in waiters:
-            self.clock._push(self.clock.now, _setter(ev))
+    def _node_joined(self) -> bool:
+        """Under the clock's lock: a node is back; the book reads the inventory and hands it to a waiting lane."""
+        self._book_call(self.book.refresh)
+        self._wake_handed()
         return False
+
+    def _wake_handed(self) -> None:
+        """Under the clock's lock: the lanes the book handed a node since the last call wake at the current time."""
+        woken, self._woken = self._woken, []
+        for ev in woken:
+            self.clock._push(self.clock.now, _setter(ev))
 
     # ------------------------------------------------------------------ the executor interface
     def lane(self) -> SimLane:
@@ -296,25 +305,34 @@ class SimExecutor(BookedExecutor):
             self._seq += 1
             owner = f"{trial.trial_id}#{attempt}.{self._seq}"
         while True:
-            t0 = time.thread_time()
-            try:
-                node = self.book.acquire(owner, need, trial_id=trial.trial_id, timeout_s=0)
-                return _Lease(node, owner, replica_key(trial), start_key(trial))
-            except TimeoutError:
-                pass
-            finally:
-                self._book_cpu(time.thread_time() - t0)
             woken = threading.Event()
-            with self.clock._lock:
-                self._node_waiters.append(woken)
-            self.clock.block(woken)
+            handed: list[str | None] = []
+
+            def wake(node: str | None, woken: threading.Event = woken, handed: list[str | None] = handed) -> None:
+                handed.append(node)  # under the book's lock: the lane is woken once the book call returns
+                self._woken.append(woken)
+
+            node = self._book_call(self.book.acquire_or_queue, owner, need, wake, trial_id=trial.trial_id)
+            if node is None:
+                with self.clock._lock:
+                    self._wake_handed()
+                self.clock.block(woken)  # until the book hands this lane a node (or asks it to look again)
+                node = handed[0] if handed else None
+            if node is not None:
+                return _Lease(node, owner, replica_key(trial), start_key(trial))
 
     def release(self, lease: _Lease) -> None:
-        t0 = time.thread_time()
-        self.book.release(lease.node, lease.owner)
-        self._book_cpu(time.thread_time() - t0)
+        self._book_call(self.book.release, lease.node, lease.owner)
         with self.clock._lock:
-            self._wake_node_waiters()
+            self._wake_handed()
+
+    def _book_call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """``fn`` of the real book, its CPU counted as the book's."""
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self._book_cpu(time.thread_time() - t0)
 
     def _book_cpu(self, seconds: float) -> None:
         self.stats.book_cpu_s += seconds

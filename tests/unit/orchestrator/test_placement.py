@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -24,9 +25,7 @@ def nodes_abc() -> list[Node]:
 
 
 class Inventory:
-    """The book's inventory, counting its looks: ``acquire`` looks once per pass of its loop, holding the
-    book's lock until it returns or waits. So once a waiter's look is counted, any call that takes the
-    book's lock (``in_use``, ``release``, ``cancel``) runs after the waiter has returned or is waiting."""
+    """The book's inventory, counting its reads (the book reads it at most once per ``refresh_s``)."""
 
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = list(nodes)
@@ -39,9 +38,14 @@ class Inventory:
             self._cond.notify_all()
             return list(self.nodes)
 
-    def wait_looks(self, n: int) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: self.looks >= n, timeout=HANG_S), f"{self.looks} looks, not {n}"
+
+def wait_queued(book: NodeBook, n: int = 1) -> None:
+    """Until ``n`` trials are queued in the book (queueing happens under the book's lock, so any later call that
+    takes it runs after the waiter has queued)."""
+    t0 = time.monotonic()
+    while book.waiting() < n:
+        assert time.monotonic() - t0 < HANG_S, f"{book.waiting()} queued, not {n}"
+        time.sleep(0.001)
 
 
 class Waiter:
@@ -78,11 +82,12 @@ def test_exclusive_second_acquire_blocks_until_release():
     book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     assert book.acquire("t1", cpu(1)) == "node-a"
     w = Waiter(book, "t2", cpu(1))
-    inv.wait_looks(2)  # the waiter has looked: it now waits, or has (wrongly) taken the node
+    wait_queued(book)  # the waiter has looked: it now waits
     assert book.in_use() == {"node-a": ["t1"]}, "a second trial got the exclusive node while it was held"
     book.release("node-a", "t1")
     assert w.done.wait(HANG_S), "the release did not wake the waiter (the refresh is an hour away)"
-    assert inv.looks == 3  # one more look, after the release's wake-up
+    assert inv.looks == 1  # the release handed the node over: nobody read the inventory again
+    assert book.stats.handoffs == 1 and book.stats.wakeups == 1
     assert w.error is None and w.node == "node-a"
     assert book.neighbours("node-a", "t2") == []
 
@@ -106,7 +111,7 @@ def test_packed_fits_trials_while_cores_last_and_lists_neighbours():
     assert book.acquire("t2", cpu(2)) == "node-a"  # 3 + 3 + 2 = 8 cores: exactly full
     assert book.neighbours("node-a", "t2") == ["t0", "t1"]
     w = Waiter(book, "t3", cpu(1))
-    inv.wait_looks(4)
+    wait_queued(book)
     assert book.in_use() == {"node-a": ["t0", "t1", "t2"]}, "packed went past the node's cores"
     book.release("node-a", "t1")
     assert w.done.wait(HANG_S) and w.node == "node-a"
@@ -155,7 +160,7 @@ def test_hardware_targeting_exclusive_waits_for_its_kind():
     book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     assert book.acquire("h1", Need(cores=2, gpus=1, hardware="H100")) == "h100-1"
     w = Waiter(book, "h2", Need(cores=2, gpus=1, hardware="H100"))
-    inv.wait_looks(2)
+    wait_queued(book)
     assert book.in_use() == {"h100-1": ["h1"]}, "an H100 trial must not take the CPU node"
     assert book.acquire("c1", cpu(2)) == "cpu-1"
     book.release("h100-1", "h1")
@@ -174,10 +179,9 @@ def test_cannot_place_at_once_even_while_nodes_are_busy(need, why):
     book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     book.acquire("busy1", cpu(1))
     book.acquire("busy2", cpu(1))  # every node is busy: a wait would last until the timeout
-    looks = inv.looks
     with pytest.raises(CannotPlace) as info:
         book.acquire("t", need, timeout_s=10.0)
-    assert inv.looks == looks + 1, why  # at once: raised at the first look, before any wait
+    assert book.stats.waits == 0, why  # at once: raised at the first look, before any wait
     msg = str(info.value)
     assert str(need) in msg  # what the trial needs ...
     assert "16 CPU, 0 GPU" in msg and "8 CPU, 2 GPU, H100" in msg  # ... and what the nodes have
@@ -201,7 +205,7 @@ def test_cannot_place_is_raised_to_a_waiter_when_the_fitting_node_disappears():
     book = NodeBook(inv, "exclusive", refresh_s=0.05)  # the refresh is what sees the node go
     assert book.acquire("t1", cpu(8)) == "big"
     w = Waiter(book, "t2", cpu(8))
-    inv.wait_looks(2)
+    wait_queued(book)
     assert book.in_use() == {"big": ["t1"]}
     inv.nodes.pop(0)  # the only node that could hold 8 cores leaves the cluster
     assert w.done.wait(HANG_S)
@@ -228,12 +232,11 @@ def test_avoid_waits_for_another_fitting_node_rather_than_taking_the_avoided_one
     book.release("node-a", "other")
     assert book.acquire("busy", cpu(2)) == "node-a"
     assert book.acquire("busy-b", cpu(2)) == "node-b"
-    looks = inv.looks
     w = Waiter(book, "t#2", cpu(2), trial_id="t")
-    inv.wait_looks(looks + 1)  # both nodes busy: it waits
+    wait_queued(book)  # both nodes busy: it waits
     book.release("node-a", "busy")  # the avoided node frees up first: not taken while b fits
-    inv.wait_looks(looks + 2)  # woken by that release, it looked again ...
-    assert book.in_use() == {"node-b": ["busy-b"]}  # ... and left node-a alone
+    assert book.in_use() == {"node-b": ["busy-b"]}  # the release left node-a alone ...
+    assert book.waiting() == 1 and book.stats.wakeups == 0  # ... and woke nobody
     book.release("node-b", "busy-b")
     assert w.done.wait(HANG_S) and w.node == "node-b"
 
@@ -256,7 +259,7 @@ def test_cancel_wakes_a_blocked_acquire():
     book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
     book.acquire("t1", cpu(1))
     w = Waiter(book, "t2", cpu(1))
-    inv.wait_looks(2)  # it waits
+    wait_queued(book)  # it waits
     book.cancel()
     assert w.done.wait(HANG_S), "the cancel did not wake the waiter (the refresh is an hour away)"
     assert isinstance(w.error, Cancelled)
@@ -270,7 +273,7 @@ def test_a_node_that_joins_later_is_used_by_a_waiting_acquire():
     book = NodeBook(inv, "exclusive", refresh_s=0.05)  # the refresh is what sees the node join
     book.acquire("t1", cpu(2))
     w = Waiter(book, "t2", cpu(2))
-    inv.wait_looks(2)
+    wait_queued(book)
     assert book.in_use() == {"node-a": ["t1"]}
     inv.nodes.append(Node("node-new", 8.0))
     assert w.done.wait(HANG_S)
@@ -279,7 +282,7 @@ def test_a_node_that_joins_later_is_used_by_a_waiting_acquire():
 
 def test_a_node_that_disappears_is_not_chosen():
     inv = [Node("node-a", 8.0), Node("node-b", 8.0)]
-    book = NodeBook(lambda: list(inv), "packed")
+    book = NodeBook(lambda: list(inv), "packed", refresh_s=0)  # every look reads the inventory
     assert book.acquire("t1", cpu(1)) == "node-a"
     inv.remove(Node("node-b", 8.0))
     for i in range(4):
@@ -291,7 +294,7 @@ def test_a_node_that_disappears_is_not_chosen():
 
 def test_a_vanished_node_comes_back_with_its_use_still_booked():
     inv = [Node("node-a", 4.0)]
-    book = NodeBook(lambda: list(inv), "packed")
+    book = NodeBook(lambda: list(inv), "packed", refresh_s=0)
     book.acquire("t1", cpu(3))
     inv.clear()
     with pytest.raises(CannotPlace):
@@ -375,3 +378,74 @@ def test_acquire_timeout_is_honoured_when_shorter_than_refresh():
     w = Waiter(book, "t2", cpu(1), timeout_s=0.05)
     assert w.done.wait(HANG_S), "the 0.05 s timeout was not honoured (the refresh is an hour away)"
     assert isinstance(w.error, TimeoutError) and "0.05 s" in str(w.error)
+
+
+# ---------------------------------------------------------------------- wake-ups and reads at scale
+def h100(cores: int = 2) -> Need:
+    return Need(cores=cores, gpus=1, hardware="H100")
+
+
+def h200(cores: int = 2) -> Need:
+    return Need(cores=cores, gpus=1, hardware="H200")
+
+
+def test_a_release_wakes_only_the_oldest_waiter_of_its_kind_and_hands_it_the_node():
+    nodes = [Node(f"h100-{i}", 32.0, 8.0, frozenset({"H100"})) for i in range(2)] + \
+        [Node(f"h200-{i}", 32.0, 8.0, frozenset({"H200"})) for i in range(2)]
+    inv = Inventory(nodes)
+    book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
+    for i, need in enumerate((h100(), h100(), h200(), h200())):
+        book.acquire(f"busy{i}", need)
+    handed: dict[str, list[str | None]] = {}
+    for owner, need in (("a200", h200()), ("a100", h100()), ("b200", h200()), ("b100", h100())):
+        assert book.acquire_or_queue(owner, need, handed.setdefault(owner, []).append) is None
+    assert book.waiting() == 4
+    book.release("h100-1", "busy1")
+    assert handed == {"a200": [], "a100": ["h100-1"], "b200": [], "b100": []}  # the oldest H100 waiter alone
+    assert book.stats.wakeups == 1 and book.in_use()["h100-1"] == ["a100"]
+    book.release("h200-0", "busy2")
+    assert handed["a200"] == ["h200-0"] and handed["b200"] == [] and book.stats.wakeups == 2
+    assert inv.looks == 1  # nobody read the inventory again
+    book.cancel()  # the rest are woken to look again (and learn the sweep is stopping)
+    assert handed["b200"] == [None] and handed["b100"] == [None] and book.waiting() == 0
+
+
+def test_a_cpu_waiter_takes_a_node_of_any_kind_in_its_turn():
+    book = NodeBook(lambda: [Node("h100-0", 32.0, 8.0, frozenset({"H100"}))], "exclusive", refresh_s=NEVER_S)
+    book.acquire("busy", h100())
+    handed: dict[str, list[str | None]] = {"c": [], "g": []}
+    assert book.acquire_or_queue("c", cpu(2), handed["c"].append) is None  # first in line
+    assert book.acquire_or_queue("g", h100(), handed["g"].append) is None
+    book.release("h100-0", "busy")
+    assert handed == {"c": ["h100-0"], "g": []}
+
+
+def test_looks_cost_no_inventory_read_and_stay_flat_as_nodes_grow():
+    for n in (8, 4096):
+        inv = Inventory([Node(f"n{i:05d}", 8.0, 1.0, frozenset({"H200"})) for i in range(n)])
+        book = NodeBook(inv, "exclusive", refresh_s=NEVER_S)
+        held = [book.acquire(f"t{i}", h200()) for i in range(n)]
+        assert held == sorted(held) and len(set(held)) == n  # the lowest free id first, every node once
+        for i in range(2000):
+            node = held[i % n]
+            book.release(node, f"t{i}" if i < n else f"u{i - n}")
+            assert book.acquire(f"u{i}", h200()) == node  # the one free node
+        assert inv.looks == 1, f"{inv.looks} inventory reads at {n} nodes"
+
+
+def test_the_inventory_is_read_again_after_refresh_s_and_on_refresh():
+    now = [0.0]
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=2.0, clock=lambda: now[0])
+    book.acquire("t1", cpu(1))
+    book.release("node-a", "t1")
+    book.acquire("t2", cpu(1))
+    assert inv.looks == 1
+    now[0] = 2.5
+    book.release("node-a", "t2")
+    book.acquire("t3", cpu(1))
+    assert inv.looks == 2  # stale: read again
+    inv.nodes.append(Node("node-b", 8.0))
+    handed: list[str | None] = []
+    book.refresh()  # a node joined, told now rather than at the next read
+    assert inv.looks == 3 and book.acquire_or_queue("t4", cpu(1), handed.append) == "node-b"
