@@ -189,6 +189,24 @@ def classify(title: str, serving_env: bool = False) -> Role | None:
     return None
 
 
+SERVE_ROLES = ("serve_controller", "serve_proxy", "serve_ingress", "serve_llm_server", "serve_ray")
+
+
+def serve_role(title: str) -> str | None:
+    """Which of Serve's processes a title names, finer than :func:`classify`: ``serve_controller``
+    (``ray::ServeController``), ``serve_proxy`` (``ray::ProxyActor``), ``serve_ingress`` (the OpenAI ingress
+    replica), ``serve_llm_server`` (the LLMServer replica: vLLM's OpenAI serving layer and engine client);
+    None for any other title (vLLM's engine core, Ray's GCS, raylet, agents, idle workers). The method a
+    worker runs at the moment, and anything after the title's first word (an argv read as one string),
+    never change the answer."""
+    words = title.split()
+    t = words[0] if words else ""
+    if t.startswith("ray::ServeReplica:"):
+        deployment = t.split(":", 4)[-1] if t.count(":") >= 4 else ""
+        return "serve_llm_server" if deployment.startswith(SERVER_PREFIX) else "serve_ingress"
+    return {"ray::ServeController": "serve_controller", "ray::ProxyActor": "serve_proxy"}.get(process_name(t))
+
+
 def process_sets(procs: Mapping[int, tuple[int, str, bool]]) -> dict[Role, list[int]]:
     """``{pid: (ppid, title, serving_env)}`` split into the three sets: a process takes the role of the
     nearest of itself and its ancestors (within ``procs``) that has one. The rest (GCS, raylet, agents,
@@ -423,5 +441,5 @@ def _teardown(spec: dict[str, Any], status: Status, started: dict[str, bool]) ->
 
 
 
-__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "Role", "app_classes", "build_app", "classify", "engine_kwargs", "process_name", "replica_names",
-           "host_spec", "llm_config", "main", "parse_cli_args", "pin_worker", "placement_bundles", "process_sets", "roots"]
+__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "SERVE_ROLES", "Role", "app_classes", "build_app", "classify", "engine_kwargs", "process_name", "replica_names",
+           "host_spec", "llm_config", "main", "parse_cli_args", "pin_worker", "placement_bundles", "process_sets", "roots", "serve_role"]

@@ -19,6 +19,15 @@ kernel-measured CPU time shared out by their samples (given the role accounting'
 Python threads only: the CPU of threads that never run Python (zmq's I/O threads) is in the role's
 CPU time but in no category; ``stacks_coverage_<role>`` (:func:`coverage`) says how much was seen.
 
+A Ray Serve LLM replica (``server.stack: ray-serve``) is one tree too, whose processes the role accounting
+knows only as vLLM's: its engine core, the serve host at the root, the rest ``other``. Here Serve's processes
+are named by their titles (:func:`~orchestrator.node.serve_host.serve_role`): ``serve_controller``,
+``serve_proxy``, ``serve_ingress``, ``serve_llm_server`` (vLLM's OpenAI layer inside Serve), and
+``serve_ray`` for the rest that is neither vLLM's engine core nor its workers (Ray's GCS, raylet, agents,
+idle workers, the host, the watchdog). The stacks' categories use those roles, and every window of such a
+tree records ``cpu_s_<role>`` (and ``cpu_s_per_req_<role>``, ``<role>_processes``) for them from the
+kernel's CPU time of each process over the span, whether or not py-spy sampled them (or ran at all).
+
 py-spy runs as a child of the caller and inherits its affinity: start it after the caller has
 moved onto the client's cores, never from the replica's. Nothing here raises: py-spy missing, not
 allowed to attach (ptrace), or the process gone, the window records ``stacks_status`` and goes on.
@@ -41,6 +50,7 @@ import psutil
 
 from orchestrator.node.attribution import ProcDesc, RoleWindow, classify
 from orchestrator.node.restrict import tree_pids
+from orchestrator.node.serve_host import SERVE_ROLES, serve_role
 from orchestrator.node.stack_categories import (
     RoleCategories,
     Stack,
@@ -106,6 +116,41 @@ def roles_from_labels(stacks: Sequence[Stack], root: int) -> dict[int, str]:
     return classify(list(descs.values()), root)
 
 
+KEEP_IN_SERVE = frozenset({"engine_core", "gpu_worker"})  # vLLM's own processes keep their roles under Serve
+
+
+def serve_roles(roles: Mapping[int, str], titles: Mapping[int, str]) -> dict[int, str]:
+    """``roles`` (pid -> role, the accounting's) with a Ray Serve tree's processes named by their titles
+    (pid -> title or argv joined) as :func:`~orchestrator.node.serve_host.serve_role` says; the rest but vLLM's
+    engine core and workers is ``serve_ray``. A tree with no Serve title (``vllm serve``) comes back as it was."""
+    named = {pid: r for pid, t in titles.items() if (r := serve_role(t)) is not None}
+    if not named:
+        return dict(roles)
+    out = {}
+    for pid in set(roles) | set(titles):
+        accounted = roles.get(pid, "other")
+        out[pid] = named.get(pid) or (accounted if accounted in KEEP_IN_SERVE else "serve_ray")
+    return out
+
+
+def serve_cpu_metrics(roles: Mapping[int, str], process_cpu: Mapping[int, float],
+                      requests: int | None = None) -> dict[str, float]:
+    """Per Serve role (every one of ``SERVE_ROLES``, zeros if absent): ``cpu_s_<role>`` = the CPU seconds of
+    its processes in the window (``process_cpu``: pid -> user + system), ``<role>_processes``, and with
+    ``requests`` > 0 ``cpu_s_per_req_<role>``. Nothing for a tree without Serve roles."""
+    if not any(r in SERVE_ROLES for r in roles.values()):
+        return {}
+    out: dict[str, float] = {}
+    for role in SERVE_ROLES:
+        pids = [p for p, r in roles.items() if r == role and p in process_cpu]
+        cpu = sum(process_cpu[p] for p in pids)
+        out[f"cpu_s_{role}"] = cpu
+        out[f"{role}_processes"] = float(len(pids))
+        if requests:
+            out[f"cpu_s_per_req_{role}"] = cpu / requests
+    return out
+
+
 @dataclass(frozen=True)
 class StackWindow:
     """The window's stacks and what became of the sampling; :meth:`metrics` derives the figures."""
@@ -135,6 +180,7 @@ class StackWindow:
         out: dict[str, float] = {}
         for role, acc in sorted(self.per_role().items()):
             out.update(category_metrics(role, acc, requests))
+        out.update(serve_cpu_metrics(self.roles, self.process_cpu or {}, requests))
         if self.stacks or self.samples:
             out["stacks_samples"] = float(self.samples)
             out["stacks_errors"] = float(self.errors)
@@ -182,13 +228,16 @@ class StackSampler:
         if not _alive(self.root):
             self._status = f"the replica's process {self.root} is gone"
             return self
+        try:  # the titles name Serve's processes even where py-spy cannot run
+            self._known = dict((self.cmdlines or tree_cmdlines)(self.root))
+        except OSError:
+            self._known = {}
         exe = self.py_spy or find_py_spy()
         if not exe or not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
             self._status = f"py-spy not found ({exe or 'not installed'})"
             return self
         self._dir = Path(tempfile.mkdtemp(prefix="stacks-"))
         try:
-            self._known = dict((self.cmdlines or tree_cmdlines)(self.root))
             with open(self._dir / "stderr", "wb") as err:
                 self._proc = subprocess.Popen(
                     [*SIGINT_RESTORED, *py_spy_command(exe, self.root, self.rate_hz, str(self._dir / "raw.txt"),
@@ -203,8 +252,11 @@ class StackSampler:
     def stop(self, accounting: RoleWindow | None = None) -> StackWindow:
         """Stop py-spy and read its stacks. ``accounting``, the role accounting of the same window, names
         the processes' roles and gives the CPU time the samples share out; without it, samples / rate."""
-        if self._proc is None:
-            return StackWindow(self._status, self.rate_hz, gpu=self.gpu)
+        if self._proc is None:  # no stacks; a Serve tree's roles still get their CPU time
+            if accounting is None:
+                return StackWindow(self._status, self.rate_hz, gpu=self.gpu)
+            return StackWindow(self._status, self.rate_hz, (), serve_roles(accounting.pid_roles, self._known),
+                               self.gpu, process_cpu=dict(accounting.process_cpu_s))
         proc, self._proc = self._proc, None
         assert self._dir is not None
         exited_early = proc.poll() is not None
@@ -237,12 +289,14 @@ class StackSampler:
             why = tail[-300:] or ("stopped before it wrote anything" if not exited_early else "no output")
             status = f"no stacks (py-spy exit {rc}): {why}"
         pid_roles = roles_from_labels(stacks, self.root)
+        titles = {**{pid: t for s in stacks for pid, t in s.procs}, **self._known}
         if accounting is None:
-            return StackWindow(status, self.rate_hz, stacks, pid_roles, self.gpu, samples, errors)
+            return StackWindow(status, self.rate_hz, stacks, serve_roles(pid_roles, titles), self.gpu, samples,
+                               errors)
         pid_roles.update(accounting.pid_roles)
-        return StackWindow(status, self.rate_hz, stacks, pid_roles, self.gpu, samples, errors,
+        return StackWindow(status, self.rate_hz, stacks, serve_roles(pid_roles, titles), self.gpu, samples, errors,
                            dict(accounting.thread_cpu_s), dict(accounting.process_cpu_s))
 
 
 __all__ = ["StackSampler", "StackWindow", "coverage", "find_py_spy", "py_spy_command", "roles_from_labels",
-           "tree_cmdlines"]
+           "serve_cpu_metrics", "serve_roles", "tree_cmdlines"]

@@ -30,6 +30,7 @@ from orchestrator.node.serve_host import (
     process_sets,
     replica_names,
     roots,
+    serve_role,
 )
 from orchestrator.node.serve_replica import (
     OUTER_RAY_ENV,
@@ -216,6 +217,23 @@ def test_names_and_roles_do_not_depend_on_the_method_running_when_read() -> None
     tree = {pid: (ppid, title.replace("ServeController", "ServeController.listen_for_change")
                   .replace("ProxyActor", "ProxyActor.check_health"), env) for pid, (ppid, title, env) in TREE.items()}
     assert process_sets(tree) == process_sets(TREE)
+
+
+def test_serve_role_names_each_of_serves_processes_apart() -> None:
+    """The finer roles the stack window records CPU time for (orchestrator.node.stacks): the controller, the
+    proxy, the ingress and the LLMServer replica each apart, whatever method runs and whatever follows the title
+    (an argv read as one string); vLLM's and Ray's own processes are none of them."""
+    named = {"ray::ServeController": "serve_controller", "ray::ServeController.listen_for_change": "serve_controller",
+             "ray::ProxyActor": "serve_proxy", "ray::ProxyActor.ready  ": "serve_proxy",
+             "ray::ServeReplica:trial:OpenAiIngress.handle_request_streaming": "serve_ingress",
+             "ray::ServeReplica:trial:LLMServer:llama-3.1-8b": "serve_llm_server",
+             "ray::ServeReplica:trial:LLMServer:m.v2.handle_request": "serve_llm_server",
+             "ray::ServeReplica:trial:LLMServer:tiny   ": "serve_llm_server"}
+    for title, role in named.items():
+        assert serve_role(title) == role, title
+    for title in ("VLLM::EngineCore", "ray::IDLE", "ray::DashboardAgent", "/x/gcs_server --flag", "",
+                  "python -c import sys\nfrom orchestrator.node.serve_host import main"):
+        assert serve_role(title) is None, title
 
 
 def test_a_serve_tree_splits_into_serving_frontend_and_ray() -> None:

@@ -14,7 +14,14 @@ import pytest
 
 from orchestrator.node.attribution import RoleUsage, RoleWindow
 from orchestrator.node.stack_categories import parse_collapsed
-from orchestrator.node.stacks import StackSampler, coverage, py_spy_command, roles_from_labels
+from orchestrator.node.stacks import (
+    StackSampler,
+    coverage,
+    py_spy_command,
+    roles_from_labels,
+    serve_cpu_metrics,
+    serve_roles,
+)
 
 RAW = (
     'process 10:"/venv/bin/python -c import x\nserve = 1";thread (10): MainThread;'
@@ -108,3 +115,62 @@ def test_py_spy_that_cannot_attach_is_a_status(tmp_path: Path) -> None:
     w = s.stop()
     assert w.status.startswith("no stacks (py-spy exit 1)") and "Permission Denied" in w.status
     assert w.metrics() == {}
+
+
+# A Ray Serve LLM tree as the accounting sees it: the serve host (root) as api_server, vLLM's engine core, the rest other.
+SERVE_TITLES = {10: "python -c import sys", 11: "/site/ray/core/src/ray/gcs/gcs_server --x", 12: "ray::ServeController",
+                13: "ray::ProxyActor", 14: "ray::ServeReplica:trial:OpenAiIngress.handle_request",
+                15: "ray::ServeReplica:trial:LLMServer:llama-3.1-8b", 16: "VLLM::EngineCore", 17: "ray::IDLE"}
+SERVE_ACCOUNTED = {10: "api_server", 11: "other", 12: "other", 13: "other", 14: "other", 15: "other",
+                   16: "engine_core", 17: "other"}
+SERVE_CPU = {10: 0.1, 11: 0.2, 12: 0.3, 13: 0.8, 14: 1.2, 15: 2.0, 16: 4.0, 17: 0.0}
+
+
+def test_a_serve_tree_gets_serves_roles_and_a_vllm_tree_keeps_its_own() -> None:
+    roles = serve_roles(SERVE_ACCOUNTED, SERVE_TITLES)
+    assert roles == {10: "serve_ray", 11: "serve_ray", 12: "serve_controller", 13: "serve_proxy", 14: "serve_ingress",
+                     15: "serve_llm_server", 16: "engine_core", 17: "serve_ray"}
+    vllm = {10: "api_server", 11: "engine_core", 12: "other"}
+    assert serve_roles(vllm, {10: "vllm serve /m", 11: "VLLM::EngineCore", 12: "python -m watchdog"}) == vllm
+    m = serve_cpu_metrics(roles, SERVE_CPU, requests=4)
+    assert m["cpu_s_serve_proxy"] == pytest.approx(0.8) and m["cpu_s_per_req_serve_ingress"] == pytest.approx(0.3)
+    assert m["cpu_s_serve_ray"] == pytest.approx(0.3) and m["serve_ray_processes"] == 3
+    assert m["cpu_s_serve_llm_server"] == pytest.approx(2.0) and m["cpu_s_per_req_serve_controller"] == pytest.approx(0.075)
+    assert "cpu_s_engine_core" not in m  # the accounting's own figure stands
+    assert serve_cpu_metrics(vllm, {10: 1.0}, 4) == {}
+
+
+def test_a_serve_trees_roles_get_their_cpu_even_without_py_spy(tmp_path: Path) -> None:
+    """py-spy missing (or not allowed): no stacks, but the window still splits Serve's CPU time by role."""
+    s = StackSampler(os.getpid(), py_spy=str(tmp_path / "no-such-py-spy"), cmdlines=lambda root: SERVE_TITLES).start()
+    acc = RoleWindow(roles={}, pid_roles=SERVE_ACCOUNTED, runq_available=True, process_cpu_s=SERVE_CPU)
+    w = s.stop(acc)
+    assert w.status.startswith("py-spy not found") and w.files() == {}
+    m = w.metrics(requests=2)
+    assert m["cpu_s_per_req_serve_controller"] == pytest.approx(0.15) and m["cpu_s_serve_llm_server"] == 2.0
+    assert not any(k.startswith("stacks_") for k in m)
+
+
+def test_serve_stacks_are_categorised_under_serves_roles(tmp_path: Path) -> None:
+    raw = ('process 10:"python -c import sys";process 13:"ray::ProxyActor";thread (13): M;'
+           "Runner.run (asyncio/runners.py:118) 30\n"
+           'process 10:"python -c import sys";process 15:"ray::ServeReplica:trial:LLMServer:llama-3.1-8b";'
+           "thread (15): M;Runner.run (asyncio/runners.py:118) 10\n")
+    exe = fake_py_spy(tmp_path, f"""
+        def done(*_):
+            open(out, "w").write({raw!r})
+            sys.exit(0)
+        signal.signal(signal.SIGINT, done)
+        open(out + ".ready", "w").close()
+        time.sleep(60)
+    """)
+    s = StackSampler(10, rate_hz=50, py_spy=exe, cmdlines=lambda root: SERVE_TITLES).start()
+    ready = Path(s._dir or "", "raw.txt.ready")
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    acc = RoleWindow(roles={}, pid_roles=SERVE_ACCOUNTED, runq_available=True, process_cpu_s=SERVE_CPU)
+    m = s.stop(acc).metrics(requests=2)
+    assert m["stacks_cpu_s_serve_proxy"] == pytest.approx(0.8) and m["stacks_cpu_s_serve_llm_server"] == pytest.approx(2.0)
+    assert m["cpu_s_serve_proxy"] == pytest.approx(0.8)
+    assert coverage(m, m)["stacks_coverage_serve_proxy"] == pytest.approx(1.0)
