@@ -11,6 +11,11 @@ BUNDLE=${BUNDLE:-/tmp/bundle}
 mkdir -p /tmp/tok
 cp -r "$BUNDLE"/tok/. /tmp/tok/ 2>/dev/null || true
 source "$(dirname "$0")/prepare.sh"   # now in /tmp/work
+# The working tree that travels holds other people's edits in progress: with $BUNDLE/src.tgz (`git archive HEAD
+# orchestrator workloads benchmarks sweeps pyproject.toml`), the code that runs is the commit's.
+if [ -f "$BUNDLE/src.tgz" ]; then
+  rm -rf orchestrator workloads benchmarks sweeps && tar -xzf "$BUNDLE/src.tgz" && echo "code: $(cat "$BUNDLE/src.rev")"
+fi
 for w in "$BUNDLE"/extra/py_spy-*.whl "$OLDPWD"/.bundle/extra/py_spy-*.whl; do
   [ -f "$w" ] && [ ! -x /tmp/site/bin/py-spy ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"
 done
