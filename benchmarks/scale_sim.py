@@ -113,9 +113,8 @@ class KneeWindows:
         return tuple(frame_to_records(w.iloc[rows].drop(columns=["trial_id", "cores", "repeat"])))
 
 
-# The mixed scenario at 512 nodes runs 1.5 trials a node, not 12: there every release wakes ~256 lanes waiting for
-# an H200 node, each reading the inventory again (see scale-sim.md), and 12 a node took over 15 minutes here.
-MIXED_512_REPEATS = 1
+# The mixed scenario's repeats: 8 gives 12 trials a node (4 core counts x 3 hardware types x 8 / 8 nodes a workload).
+MIXED_REPEATS = 8
 
 
 def spec(scenario: str, n: int) -> SweepPlan:
@@ -132,7 +131,7 @@ def spec(scenario: str, n: int) -> SweepPlan:
                                               "start": ["repin"]}, "repeats": 1}
     elif scenario == "mixed":
         body = {"workloads": w, "grid": {"cores": [1, 2, 4, 8], "gpus": [1], "hardware": ["H200", "H100", "B200"],
-                                         "start": ["fresh"]}, "repeats": 8 if n < 512 else MIXED_512_REPEATS}
+                                         "start": ["fresh"]}, "repeats": MIXED_REPEATS}
     elif scenario == "search":
         body = {"workloads": [{"name": f"w{i}", "kind": "agentic", "sessions": 1, "turns": 1} for i in range(n)],
                 "grid": {"cores": [12, 8, 6, 4, 3, 2, 1], "gpus": [1], "hardware": ["H200"], "start": ["repin"]},
@@ -176,7 +175,8 @@ class Ledger(Callback):
 
 
 def run(scenario: str, n: int, durations: Durations, *, seed: int = 0, knee: KneeWindows | None = None,
-        observers: tuple[Callback, ...] = (), pace: float | None = None) -> dict[str, Any]:
+        observers: tuple[Callback, ...] = (), pace: float | None = None,
+        write_rates: list[float] | tuple[float, ...] = ()) -> dict[str, Any]:
     plan = spec(scenario, n)
     nodes = nodes_of(scenario, n)
     horizon = durations.mean_trial_s(0.0) * len(plan.trials) / n
@@ -190,7 +190,52 @@ def run(scenario: str, n: int, durations: Durations, *, seed: int = 0, knee: Kne
     cpu = time.process_time() - cpu0
     wall = time.monotonic() - wall0
     ex.close()
-    return figures(scenario, n, plan, ex, controller, ledger, results, cpu, wall)
+    row = figures(scenario, n, plan, ex, controller, ledger, results, cpu, wall)
+    ends = sorted(r.ended_at - ex.epoch for r in results)
+    for rate in write_rates:
+        row[f"outbox_peak_at_{rate:g}_per_s"] = outbox_peak(ends, rate)
+    return row
+
+
+def outbox_peak(ends: list[float], rate: float) -> int:
+    """The outbox's deepest point when results arrive at ``ends`` (virtual seconds, sorted) and a tracker uploads
+    ``rate`` a second, one after another, oldest first (a queue with a constant service time of 1/rate)."""
+    free_at, peak, done = 0.0, 0, []  # when the uploader is next free; the finish time of every queued result
+    for t in ends:
+        free_at = max(free_at, t) + 1.0 / rate
+        done.append(free_at)
+    # depth at each arrival: arrived so far less those uploaded by then (both sorted: two pointers)
+    j = 0
+    for i, t in enumerate(ends):
+        while j < len(done) and done[j] <= t:
+            j += 1
+        peak = max(peak, i + 1 - j)
+    return peak
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def busy_share(ex: SimExecutor, lo: float, hi: float, kind: str | None = None) -> tuple[float, float]:
+    """(node-seconds held, node-seconds alive) between virtual times ``lo`` and ``hi``, over nodes of ``kind`` (all:
+    None). A lost node stops counting when it dies; a restarted raylet counts as a new node once it is back."""
+    nodes = {node.node_id: (node, up, down) for node, up, down in ex.lifetimes()}
+    mine = {nid for nid, (node, _, _) in nodes.items() if kind is None or node.hardware == kind}
+    held = sum(_overlap(t0, t1, lo, hi) for nid, t0, t1 in ex.stats.holds if nid in mine)
+    alive = sum(_overlap(up, down, lo, hi) for nid, (_, up, down) in nodes.items() if nid in mine)
+    return held, alive
+
+
+def work_conserving(ex: SimExecutor) -> float:
+    """The share of alive node-time held while trials of the node's kind were still waiting to start: from 0 to the
+    last time a lane of that kind got a node (until then every chain of the kind was taken in turn, so a free node
+    of it had work). 1.0: no free node idled while a pending trial fitted it."""
+    held = alive = 0.0
+    for kind, last in ex.stats.last_acquire.items():
+        h, a = busy_share(ex, 0.0, last, kind)
+        held, alive = held + h, alive + a
+    return held / alive if alive else 1.0
 
 
 def figures(scenario: str, n: int, plan: SweepPlan, ex: SimExecutor, controller: SweepController, ledger: Ledger,
@@ -218,10 +263,14 @@ def figures(scenario: str, n: int, plan: SweepPlan, ex: SimExecutor, controller:
     # first trials of every node end together) and of the tail (the last ones end one by one, and the longest of
     # N nodes' draws grows with N).
     ends = sorted(r.ended_at for r in ok)
-    steady = 0.0
+    steady, busy_steady, alive = 0.0, 0.0, float(n)
     if len(ends) >= 4:
         lo, hi = ends[len(ends) // 4], ends[3 * len(ends) // 4]
         steady = (3 * len(ends) // 4 - len(ends) // 4) / max(1e-9, (hi - lo) / 3600)
+        held_w, alive_w = busy_share(ex, lo - ex.epoch, hi - ex.epoch)
+        busy_steady = held_w / alive_w if alive_w else 0.0
+        alive = alive_w / max(1e-9, hi - lo)  # nodes alive on average between those ends
+    book = ex.book.stats
     controller_cpu = cpu - ex.stats.sim_cpu_s
     return {"scenario": scenario, "nodes": n, "trials": len(ran), "completed": len(ok),
             "cannot_fit": kinds.get("cannot_fit", 0), "node_died_attempts": ex.stats.node_died,
@@ -237,6 +286,17 @@ def figures(scenario: str, n: int, plan: SweepPlan, ex: SimExecutor, controller:
             "mean_hold_s": round(held / max(1, attempts - len(cannot)), 1),
             # the rate against what N nodes give at the durations this run drew (free of the draws' noise)
             "fleet_efficiency": round(steady / (n * 3600 / (held / max(1, attempts - len(cannot)))), 3) if held else 0.0,
+            # linear for the nodes there were: the alive nodes between those ends (the mixed scenario loses N/64 for
+            # good and has N/64 raylets down for a minute each)
+            "alive_nodes": round(alive, 1),
+            "of_linear": round(steady / (alive * 3600 / (held / max(1, attempts - len(cannot)))), 3) if held else 0.0,
+            # the share of alive node-time held between those ends: free of the duration draws' noise
+            "busy_steady": round(busy_steady, 3),
+            "work_conserving": round(work_conserving(ex), 4),
+            "wakeups_per_release": round(book.wakeups / max(1, book.releases), 3),
+            "waits": book.waits,
+            "inventory_reads": book.inventory_reads,
+            "inventory_reads_per_result": round(book.inventory_reads / max(1, attempts), 4),
             "wall_s": round(wall, 2)}
 
 
@@ -405,14 +465,17 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 
 
 def main() -> None:
-    global MIXED_512_REPEATS
+    global MIXED_REPEATS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="8,64,512")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", type=Path)
-    ap.add_argument("--mixed-512-repeats", type=int, default=MIXED_512_REPEATS,
-                    help="repeats of the mixed scenario at 512 nodes (8 below): 2 makes 256 lanes wait for H200 nodes")
+    ap.add_argument("--mixed-repeats", type=int, default=MIXED_REPEATS,
+                    help="repeats of the mixed scenario (8: 12 trials a node)")
+    ap.add_argument("--write-rates", default="",
+                    help="results/s a tracker writes (comma-separated, e.g. the measured rates per backend): the "
+                    "outbox's peak depth is modelled for each, from the run's result times")
     ap.add_argument("--mlflow", action="store_true", help="measure the MlflowTracker against a real server")
     ap.add_argument("--mlflow-uri", help="the backend store of the MLflow server this starts (a PostgreSQL: "
                     "`mlflow/postgres.sh uri`) instead of sqlite")
@@ -425,7 +488,8 @@ def main() -> None:
                     help="light: the simulated result as it is (a few params, one metric); real: a real trial's")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    MIXED_512_REPEATS = args.mixed_512_repeats
+    MIXED_REPEATS = args.mixed_repeats
+    write_rates = [float(x) for x in args.write_rates.split(",") if x]
     durations = h200_durations()
     print(f"durations: {len(durations.started)} started ({min(durations.started):.0f}-{max(durations.started):.0f} s), "
           f"{len(durations.warm)} warm ({min(durations.warm):.0f}-{max(durations.warm):.0f} s)")
@@ -436,16 +500,17 @@ def main() -> None:
             continue
         base: float | None = None
         for n in (int(x) for x in args.nodes.split(",")):
-            row = run(scenario, n, durations, seed=args.seed, knee=knee)
+            row = run(scenario, n, durations, seed=args.seed, knee=knee, write_rates=write_rates)
             per_node = row["trials_per_hour"] / n
             base = per_node if base is None else base
             row["pct_of_linear"] = round(100 * per_node / base, 1) if base else 0.0
             rows.append(row)
             print(row, flush=True)
     cols = ["scenario", "nodes", "trials", "completed", "cannot_fit", "node_died_attempts", "retried_trials",
-            "results", "virtual_h", "trials_per_hour", "pct_of_linear", "fleet_efficiency", "sweep_trials_per_hour", "node_busy_share",
-            "controller_cpu_ms_per_result", "book_cpu_ms_per_result", "results_per_s_mean",
-            "results_per_s_peak_minute", "wall_s"]
+            "results", "virtual_h", "trials_per_hour", "pct_of_linear", "fleet_efficiency", "of_linear", "busy_steady", "work_conserving",
+            "sweep_trials_per_hour", "node_busy_share", "controller_cpu_ms_per_result", "book_cpu_ms_per_result",
+            "wakeups_per_release", "inventory_reads_per_result", "results_per_s_mean", "results_per_s_peak_minute",
+            *[f"outbox_peak_at_{r:g}_per_s" for r in write_rates], "wall_s"]
     if rows:
         print(table(rows, cols))
     if args.csv and rows:

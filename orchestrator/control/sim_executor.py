@@ -208,6 +208,8 @@ class SimStats:
     lanes: int = 0
     held_s: float = 0.0  # virtual node-seconds held by trials (waiting for a node not counted)
     by_node: dict[str, int] = field(default_factory=dict)  # attempts per node id
+    holds: list[tuple[str, float, float]] = field(default_factory=list)  # (node id, from, to): each trial's hold
+    last_acquire: dict[str, float] = field(default_factory=dict)  # kind of node -> when a lane last got one
 
 
 class SimExecutor(BookedExecutor):
@@ -244,6 +246,10 @@ class SimExecutor(BookedExecutor):
         """The nodes alive now, parsed from Ray-style records as the Ray executor's inventory parses them."""
         now = self.clock.now
         return [Node.from_ray(n.ray_info()) for n, up, down in self._nodes.values() if up <= now < down]
+
+    def lifetimes(self) -> list[tuple[SimNode, float, float]]:
+        """Every node the simulation had, with when it was up (a restarted raylet is a node of its own)."""
+        return list(self._nodes.values())
 
     def alive(self, node_id: str) -> bool:
         n = self._nodes.get(node_id)
@@ -319,6 +325,7 @@ class SimExecutor(BookedExecutor):
                 self.clock.block(woken)  # until the book hands this lane a node (or asks it to look again)
                 node = handed[0] if handed else None
             if node is not None:
+                self.stats.last_acquire[self.kind_of(trial)] = self.clock.now
                 return _Lease(node, owner, replica_key(trial), start_key(trial))
 
     def release(self, lease: _Lease) -> None:
@@ -354,6 +361,7 @@ class SimExecutor(BookedExecutor):
         with self.clock._lock:
             self._running.get(lease.node, set()).discard(end)
             self.stats.held_s += self.clock.now - t0
+            self.stats.holds.append((lease.node, t0, self.clock.now))
             died = self._cut.get(lease.node)
         return died if died is not None and died <= self.clock.now else None
 

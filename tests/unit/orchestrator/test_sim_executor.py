@@ -167,3 +167,32 @@ def test_a_knee_search_runs_its_configurations_side_by_side_and_decides_as_one_a
     assert [o.estimate.knee for o in c.outcomes] == [4, 4]
     assert ["w0" in o.label for o in c.outcomes] == [True, False]  # in the plan's order, however the lanes ended
     assert side.clock.now < 0.75 * one.clock.now  # two nodes at once, not one
+
+
+@pytest.mark.parametrize("order", [("H200", "H100"), ("H100", "H200")])
+def test_a_mixed_fleet_keeps_both_kinds_busy_whatever_kind_the_plan_lists_first(order):
+    p = plan(hardware=order, workloads=4, repeats=2)  # 64 trials: every trial of the first kind is listed first
+    nodes = fleet({"H200": 4, "H100": 4})
+    ex, c, _, results = run(p, nodes)
+    assert all(r.ok for r in results)
+    assert c.lanes_used == 8  # 4 lanes a kind
+    first_start = {hw: min(t0 for nid, t0, _ in ex.stats.holds if nid.startswith(hw.lower())) for hw in order}
+    assert first_start == {"H200": 0.0, "H100": 0.0}, "a kind of node idled while trials of its kind were pending"
+    # Until the last node of each kind is taken, every node of it is held: no free node idles.
+    for hw in order:
+        last = ex.stats.last_acquire[hw]
+        idle = sum(last - sum(max(0.0, min(t1, last) - t0) for nid, t0, t1 in ex.stats.holds if nid == n.node_id)
+                   for n in nodes if n.hardware == hw)
+        assert idle == pytest.approx(0.0, abs=1e-6), f"{hw} nodes idled {idle:.0f} node-s with work pending"
+    book = ex.book.stats
+    assert book.wakeups <= book.releases  # a release wakes at most one lane (exclusive)
+    assert book.inventory_reads == 2  # no fault: read once a kind, as the controller counted its lanes
+
+
+def test_a_release_wakes_one_waiting_lane_not_every_one():
+    p = plan(workloads=8, repeats=2, max_failures=0)  # 64 trials, one kind
+    ex, c, _, results = run(p, fleet({"H200": 4}), faults=[Fault(50.0, "h200-0001", "raylet_died", 30.0)])
+    book = ex.book.stats
+    assert book.waits >= 1  # the node's lane waited for the raylet to come back ...
+    assert book.wakeups <= book.releases + 1  # ... and each wake-up carried a node (the join handed one too)
+    assert book.inventory_reads == 3  # the lanes counted, the node's loss, its return
