@@ -8,6 +8,11 @@ alone: written whole into the outbox before any upload (write-ahead). The tracke
 entry, oldest first, and removes it once MLflow has it; a trial's own result, the
 results left by an earlier outage and ``orchestrator sync`` all take that one way.
 
+Many threads may write and read the outbox at once (each lane puts its own results while the
+tracker's uploaders remove entries): every file is written under a name of its own and renamed
+into place, an entry folder appears whole by one rename, and a reader skips an entry that is
+removed while it looks (:func:`load` gives None).
+
 Layout (dot-prefixed names are in-progress writes and are ignored by readers)::
 
     <outbox>/<sweep>/sweep.json              # experiment, parent params/tags, plan rows, spec (+ its YAML)
@@ -241,9 +246,13 @@ class OutboxEntry:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    # A temp name of this write's own: two threads writing the same file never share (or steal) a temp file.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _sweep_dir(outbox_dir: Path, sweep: str) -> Path:
@@ -270,25 +279,39 @@ def stage_trial(outbox_dir: Path, payload: Mapping[str, Any], *, records: pd.Dat
     return path
 
 
-def put(outbox_dir: Path, sweep: Mapping[str, Any], trial: TrialSpec, result: TrialResult, *,
+def put(outbox_dir: Path, sweep: Mapping[str, Any] | None, trial: TrialSpec, result: TrialResult, *,
         git_commit: str | None = None) -> OutboxEntry:
-    """A trial's result into the outbox, whole: its sweep's parent payload (``sweep.json``, refreshed), then the
-    trial's folder (payload, records, telemetry, artifacts) staged under a hidden name and renamed into place. The
-    only way in: the tracker uploads from here and removes the entry once MLflow has it (write-ahead), so a result
-    is on disk before anything can fail, and a crash or a dead server loses nothing."""
+    """A trial's result into the outbox, whole: its sweep's parent payload (``sweep.json``, refreshed; ``sweep``
+    None when the caller has written it already), then the trial's folder (payload, records, telemetry,
+    artifacts) staged under a hidden name and renamed into place. The only way in: the tracker uploads from here
+    and removes the entry once MLflow has it (write-ahead), so a result is on disk before anything can fail, and
+    a crash or a dead server loses nothing. Safe to call from several threads at once."""
     payload = trial_payload(trial, result, git_commit=git_commit)
-    write_sweep(outbox_dir, sweep)
+    if sweep is not None:
+        write_sweep(outbox_dir, sweep)
     staged = stage_trial(outbox_dir, payload, records=records_frame(result.records),
                          telemetry=telemetry_frame(result.telemetry), artifacts_dir=result.artifacts_dir)
     return OutboxEntry(commit(staged), payload)
 
 
 def commit(staged: Path) -> Path:
-    """Make a staged folder a pending outbox entry (atomic rename; oldest sorts first)."""
+    """Make a staged folder a pending outbox entry (atomic rename; oldest sorts first). The name is
+    ``<ns>-<trial_id>``: two entries committed in the same nanosecond by two threads differ by their trial ids,
+    and the same trial's next attempt (its lane's next commit) comes later."""
     payload = json.loads((staged / "result.json").read_text())
-    final = staged.parent / f"{time.time_ns():020d}-{payload['trial_id']}"
-    os.rename(staged, final)
-    return final
+    while True:
+        final = staged.parent / f"{time.time_ns():020d}-{payload['trial_id']}"
+        try:
+            os.rename(staged, final)  # refused when the name is taken (a folder that is not empty)
+            return final
+        except OSError:
+            if not final.exists():
+                raise
+
+
+def trial_id_of(path: Path) -> str:
+    """The trial id in an entry folder's name (``<ns>-<trial_id>``), read without opening the entry."""
+    return path.name.split("-", 1)[1]
 
 
 def discard(path: Path) -> None:
@@ -301,6 +324,11 @@ def write_sweep(outbox_dir: Path, sweep: Mapping[str, Any]) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     _write_json(d / "sweep.json", dict(sweep))
     return d
+
+
+def has_sweep(outbox_dir: Path, sweep: str) -> bool:
+    """True when the sweep's ``sweep.json`` is in the outbox."""
+    return (_sweep_dir(outbox_dir, sweep) / "sweep.json").exists()
 
 
 def read_sweep(outbox_dir: Path, sweep: str) -> dict[str, Any] | None:
@@ -336,21 +364,34 @@ def sweeps(outbox_dir: Path) -> list[str]:
     return out
 
 
-def pending(outbox_dir: Path, sweep: str | None = None) -> list[OutboxEntry]:
-    """Committed trial entries, oldest first (optionally of one sweep)."""
+def entry_paths(outbox_dir: Path, sweep: str | None = None) -> list[Path]:
+    """The committed trial entry folders, oldest first (optionally of one sweep), by their names alone: nothing
+    is opened, so listing a deep outbox costs one directory read per sweep."""
     root = Path(outbox_dir)
     if not root.is_dir():
         return []
     dirs = [_sweep_dir(root, sweep)] if sweep is not None else [d for d in root.iterdir() if d.is_dir()]
-    entries = []
+    paths = []
     for d in dirs:
-        trials = d / "trials"
-        if not trials.is_dir():
+        try:
+            names = os.listdir(d / "trials")
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        for p in trials.iterdir():
-            if p.is_dir() and not p.name.startswith(".") and (p / "result.json").exists():
-                entries.append(OutboxEntry(p, json.loads((p / "result.json").read_text())))
-    return sorted(entries, key=lambda e: e.path.name)
+        paths += [d / "trials" / n for n in names if not n.startswith(".")]
+    return sorted(paths, key=lambda p: p.name)
+
+
+def load(path: Path) -> OutboxEntry | None:
+    """The entry in ``path``; None when it is gone (an uploader removed it meanwhile) or not an entry."""
+    try:
+        return OutboxEntry(path, json.loads((path / "result.json").read_text()))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def pending(outbox_dir: Path, sweep: str | None = None) -> list[OutboxEntry]:
+    """Committed trial entries, oldest first (optionally of one sweep)."""
+    return [e for p in entry_paths(outbox_dir, sweep) if (e := load(p)) is not None]
 
 
 def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
@@ -365,7 +406,7 @@ def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
     return True
 
 
-__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "finite_metrics", "pending", "put",
-           "read_sweep", "read_sweep_end", "records_frame", "remove_sweep_if_empty", "run_name", "safe_key",
-           "stage_trial", "sweep_payload", "sweeps", "telemetry_frame", "trial_params", "trial_payload",
-           "write_sweep", "write_sweep_end"]
+__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "entry_paths",
+           "finite_metrics", "has_sweep", "load", "pending", "put", "read_sweep", "read_sweep_end", "records_frame",
+           "remove_sweep_if_empty", "run_name", "safe_key", "stage_trial", "sweep_payload", "sweeps",
+           "telemetry_frame", "trial_id_of", "trial_params", "trial_payload", "write_sweep", "write_sweep_end"]

@@ -218,6 +218,8 @@ def test_resume_reattaches_and_never_duplicates(server: _Server, tmp_path: Path)
     first.on_sweep_start(plan)
     first.on_trial_result(t0, _failed(t0))
     first.on_trial_result(t1, _ok(t1, tmp_path))
+    assert first.flush() is None  # uploaded in the background: wait for them
+    first.close()
     # (the first session crashed: no on_sweep_end)
 
     second = MlflowTracker(server.uri, outbox_dir=tmp_path / "outbox")   # a new process, same sweep
@@ -256,6 +258,7 @@ def test_server_down_results_go_to_outbox_then_sync(server: _Server, tmp_path: P
     tracker = MlflowTracker(server.uri, outbox_dir=box)
     tracker.on_sweep_start(plan)
     tracker.on_trial_result(t1, _ok(t1, tmp_path))            # uploaded while the server is up
+    assert tracker.flush() is None
     try:
         server.stop()
         started = time.monotonic()
@@ -267,8 +270,10 @@ def test_server_down_results_go_to_outbox_then_sync(server: _Server, tmp_path: P
             offline = MlflowTracker(server.uri, outbox_dir=box)            # a sweep started while down
             offline.on_sweep_start(cold)
             offline.on_trial_result(cold.trials[0], _ok(cold.trials[0], tmp_path))
+            assert offline.flush() is not None                              # it cannot go up: said at once
+            offline.close()                                                 # (its driver ends here)
         assert time.monotonic() - started < 30, "an unreachable server must cost seconds, not minutes"
-        assert "saved to the outbox" in caplog.text and "orchestrator sync" in caplog.text
+        assert "wait in the outbox" in caplog.text and "orchestrator sync" in caplog.text
         pending = outbox.pending(box)
         assert sorted(e.trial_id for e in pending) == sorted([t2.trial_id, t3.trial_id, cold.trials[0].trial_id])
         # A stale copy of t1 (already FINISHED on the server) also sits in the outbox: it must not duplicate.
@@ -317,6 +322,7 @@ def test_a_result_after_an_outage_takes_the_outage_results_up_with_it(server: _S
     finally:
         server.start()
     tracker.on_trial_result(t3, _ok(t3, tmp_path))
+    assert tracker.flush() is None                              # the uploads go on in the background
     assert outbox.pending(box) == []
     client = MlflowClient(server.uri)
     runs = _children(client, "trk-drain")
