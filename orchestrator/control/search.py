@@ -9,14 +9,21 @@ report's seed for this configuration, a core count left out when most of its req
 the pure decision (:func:`orchestrator.plan.knee_search.next_cores`, :func:`budget_stop`) for the next core
 count; the trial run there is its lowest repeat not yet run. No I/O here: the controller runs the trials,
 ``orchestrator.sweep`` reads the history.
+
+An estimate runs where the search is asked from (the lane's thread, under the driver's GIL) unless the search is
+given an ``estimator``: :class:`EstimatorPool` runs :func:`estimate_knee` in worker processes, so a search's
+estimates cost the driver a submit and a reply (``benchmarks/results/knee-search-sim.md`` has the figures).
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -119,10 +126,63 @@ class Outcome:
                 f"knee: {self.estimate.sentence()}")
 
 
-class ConfigSearch:
-    """The knee search of one configuration over its candidate trials (see the module docstring)."""
+class KneeEstimator(Protocol):
+    """What a search estimates the knee with: :func:`estimate_knee`'s call (it is one)."""
 
-    def __init__(self, candidates: Sequence[TrialSpec], spec: SweepSpec, opts: ReportOptions = ReportOptions()) -> None:
+    def __call__(self, windows: Mapping[int, Sequence[np.ndarray]], *, stat: str, tolerance: float, level: float,
+                 n_boot: int, seed: int) -> KneeEstimate: ...
+
+
+class EstimatorPool:
+    """:func:`estimate_knee` in worker processes, off the driver's GIL and its CPU; a :class:`KneeEstimator`.
+
+    Hold it for the searches' duration and give it to each search::
+
+        with EstimatorPool(workers=1) as pool:
+            search = ConfigSearch(group, spec, estimator=pool)
+
+    The workers start on entering ('spawn': the driver has threads, so no fork) and on leaving the pool is shut
+    down and every worker joined (queued estimates cancelled), so none outlives the block. Several threads may
+    call it at once; up to ``workers`` estimates run side by side. A worker's estimate is the in-process one:
+    the same function of the same windows and seed."""
+
+    def __init__(self, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> EstimatorPool:
+        if self._pool is not None:
+            raise RuntimeError("the estimator pool is already open")
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the workers down and join them (an estimate running is let finish; queued ones are cancelled)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __call__(self, windows: Mapping[int, Sequence[np.ndarray]], *, stat: str, tolerance: float, level: float,
+                 n_boot: int, seed: int) -> KneeEstimate:
+        if self._pool is None:
+            raise RuntimeError("the estimator pool is not open (use it as a context manager)")
+        return self._pool.submit(estimate_knee, dict(windows), stat=stat, tolerance=tolerance, level=level,
+                                 n_boot=n_boot, seed=seed).result()
+
+
+class ConfigSearch:
+    """The knee search of one configuration over its candidate trials (see the module docstring); its estimates
+    by ``estimator`` (:func:`estimate_knee` in the calling thread unless told otherwise, e.g. an
+    :class:`EstimatorPool`)."""
+
+    def __init__(self, candidates: Sequence[TrialSpec], spec: SweepSpec, opts: ReportOptions = ReportOptions(),
+                 *, estimator: KneeEstimator = estimate_knee) -> None:
         if not candidates:
             raise ValueError("a search needs candidate trials")
         keys = {config_key(t) for t in candidates}
@@ -135,6 +195,7 @@ class ConfigSearch:
         self.policy = spec.repeat_policy
         self.search = spec.search
         self.opts = opts
+        self.estimator = estimator
 
     def estimate(self, done: Sequence[SearchTrial]) -> KneeEstimate:
         """The report's knee over ``done``'s completed windows (same statistic, tolerance, level, draws, seed)."""
@@ -147,8 +208,8 @@ class ConfigSearch:
                     windows.setdefault(t.cores, []).append(np.asarray(t.ttfts, dtype=np.float64))
         usable = {c: w for c, w in windows.items() if np.mean(rates[c]) <= TIMEOUT_MAJORITY}
         o = self.opts
-        return estimate_knee(usable, stat=o.knee_statistic, tolerance=o.tolerance, level=o.knee_level,
-                             n_boot=o.n_boot, seed=stats.cell_seed(o.seed, "knee|" + "|".join(self.key)))
+        return self.estimator(usable, stat=o.knee_statistic, tolerance=o.tolerance, level=o.knee_level,
+                              n_boot=o.n_boot, seed=stats.cell_seed(o.seed, "knee|" + "|".join(self.key)))
 
     def choose(self, done: Sequence[SearchTrial]) -> Choice:
         """The next trial from everything ``done`` so far (this configuration's finished trials, any order)."""
@@ -178,5 +239,6 @@ class ConfigSearch:
         return {REASON_PARAM: reason.value, STEP_PARAM: str(step), GRID_PARAM: " ".join(map(str, self.grid))}
 
 
-__all__ = ["GRID_PARAM", "REASON_PARAM", "STEP_PARAM", "Choice", "ConfigSearch", "Outcome", "SearchTrial",
+__all__ = ["GRID_PARAM", "REASON_PARAM", "STEP_PARAM", "Choice", "ConfigSearch", "EstimatorPool", "KneeEstimator",
+           "Outcome", "SearchTrial",
            "config_key", "configurations", "from_history", "from_result"]

@@ -26,8 +26,8 @@ sequence of request TTFTs (seconds, ok requests) per window.
 
 Every draw comes from ``numpy.random.default_rng(seed)``: the same windows and seed give the same answer. On the
 p50 and the p90 the draws are taken in bulk, the same words of that stream read with array operations (see "The
-same draws in bulk" below): the same draws, figures and knees as one ``rng.integers`` call at a time, 15-20 times
-faster.
+same draws in bulk" below): the same draws, figures and knees as one ``rng.integers`` call at a time, in a
+fraction of its time (``benchmarks/knee_estimate_bench.py``).
 """
 
 from __future__ import annotations
