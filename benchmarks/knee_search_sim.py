@@ -26,7 +26,13 @@ search of 2026-12-04 stopped on 2-4 cores without measuring 3).
 ``--stat p90`` decides every estimate on another statistic; ``--only TEXT`` replays only the designs whose name
 holds it (and the 3-repeat grid). ``--distinct`` draws a run's windows at a core count without repeating a real window until each was drawn once.
 
+``--exact`` checks instead that the estimate's bulk draws (:func:`estimate_knee`) decide as one ``rng.integers``
+call at a time (``knee._estimate_knee_reference``): per seed, the search (at most 3 and 4 windows a count) and the
+6-repeat grid are replayed once with each, on the same windows; every estimate along the way (all its fields) and
+so every trial chosen must be the same. ``--n-boot`` sets the draws per estimate (default 200, as the table).
+
 Usage: ``python benchmarks/knee_search_sim.py [--seeds N] [--procs P] [--distinct] [--stat S] [--only TEXT] [records.parquet ...]``
+       ``python benchmarks/knee_search_sim.py --exact [--seeds N] [--n-boot B] [--stat S] [records.parquet ...]``
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.observe.analysis.knee import KneeEstimate, estimate_knee
+from orchestrator.observe.analysis.knee import KneeEstimate, _estimate_knee_reference, estimate_knee
 from orchestrator.observe.report.tables import ReportOptions, ttft_values
 from orchestrator.plan.knee_search import Reason, next_cores
 
@@ -128,12 +134,13 @@ def one_window(grid: list[int], have: dict[int, int], est: KneeEstimate, max_win
     return None if d.reason is Reason.KNEE_NOISE else d.cores
 
 
-def search(replay: Replay | Noiseless, allowed: list[int], seed: int, decide: Decide, max_windows: int) -> KneeEstimate:
+def search(replay: Replay | Noiseless, allowed: list[int], seed: int, decide: Decide, max_windows: int,
+           estimate: Callable[..., KneeEstimate] = estimate_knee, n_boot: int = N_BOOT) -> KneeEstimate:
     windows: dict[int, list[np.ndarray]] = {}
-    est = estimate_knee({}, n_boot=1)
+    est = estimate({}, n_boot=1)
     while (nxt := decide(allowed, {c: len(w) for c, w in windows.items()}, est, max_windows)) is not None:
         windows.setdefault(nxt, []).append(replay.window(nxt))
-        est = estimate_knee(windows, stat=Replay.stat, n_boot=N_BOOT, seed=seed)
+        est = estimate(windows, stat=Replay.stat, n_boot=n_boot, seed=seed)
     return est
 
 
@@ -211,6 +218,42 @@ def table(path: Path, seeds: int, procs: int, start_s: float, window_s: float, d
     return head + "\n" + "\n".join(lines) + "\n"
 
 
+def exact_one(args: tuple[Path, int, str, int]) -> tuple[int, int]:
+    """One seed's replays with the bulk draws and with the reference: (estimates compared, estimates that differ)."""
+    path, seed, stat, n_boot = args
+    Replay.stat = stat
+    real = real_windows(path)
+    allowed = sorted(real)
+    trails = []
+    for estimate in (estimate_knee, _estimate_knee_reference):
+        trail: list[tuple[tuple[tuple[int, int], ...], KneeEstimate]] = []
+
+        def traced(windows: dict[int, list[np.ndarray]], estimate: Callable[..., KneeEstimate] = estimate,
+                   trail: list[tuple[tuple[tuple[int, int], ...], KneeEstimate]] = trail,
+                   **kw: object) -> KneeEstimate:
+            est = estimate(windows, **kw)
+            trail.append((tuple((c, len(w)) for c, w in windows.items()), est))  # the trials so far, and the estimate
+            return est
+        for m in (3, 4):
+            search(Replay(real, np.random.default_rng([seed, 1])), allowed, seed, today, m, traced, n_boot)
+        ref = Replay(real, np.random.default_rng([seed, 0]))
+        traced({c: [ref.window(c) for _ in range(6)] for c in allowed}, stat=stat, n_boot=n_boot, seed=seed)
+        trails.append(trail)
+    bulk, reference = trails
+    return len(reference), sum(a != b for a, b in zip(bulk, reference)) + abs(len(bulk) - len(reference))
+
+
+def exact(path: Path, seeds: int, procs: int, stat: str, n_boot: int) -> str:
+    t0 = time.monotonic()
+    with Pool(procs) as pool:
+        runs = pool.map(exact_one, [(path, s, stat, n_boot) for s in range(seeds)])
+    compared, differ = (sum(x) for x in zip(*runs))
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return (f"`{shown}`, {stat}, {n_boot} draws an estimate, seeds 0-{seeds - 1}: {compared} estimates compared "
+            f"(searches at most 3 and 4 windows a count, 6-repeat grid), {differ} differ "
+            f"({time.monotonic() - t0:.0f} s on {procs} process(es))")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("records", nargs="*", type=Path, default=list(RECORDS))
@@ -224,7 +267,14 @@ def main() -> None:
     p.add_argument("--stat", default=ReportOptions().knee_statistic,
                    help="the statistic the knee is decided on (knee.STATISTICS; default: the product's)")
     p.add_argument("--only", default="", help="replay only the designs whose name holds this (and the 3-repeat grid)")
+    p.add_argument("--exact", action="store_true",
+                   help="check the bulk draws decide as one rng.integers call at a time (see the docstring)")
+    p.add_argument("--n-boot", type=int, default=N_BOOT, help="draws per estimate with --exact")
     a = p.parse_args()
+    if a.exact:
+        for path in a.records:
+            print(exact(path, a.seeds, a.procs, a.stat, a.n_boot))
+        return
     print(f"GPU-seconds: one start of {a.start_s:.0f} s and {a.window_s:.1f} s a window for every design.\n")
     for path in a.records:
         print(table(path, a.seeds, a.procs, a.start_s, a.window_s, a.distinct, a.stat, a.only))
