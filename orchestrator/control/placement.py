@@ -157,6 +157,21 @@ class Cancelled(RuntimeError):
     """The book was cancelled (the sweep is stopping) while a trial waited for a node."""
 
 
+def _insert(ids: list[str], node_id: str) -> None:
+    """Into the ascending ``ids``, once."""
+    i = bisect.bisect_left(ids, node_id)
+    if i == len(ids) or ids[i] != node_id:
+        ids.insert(i, node_id)
+
+
+def _discard(ids: list[str] | None, node_id: str) -> None:
+    """Out of the ascending ``ids``, if there."""
+    if ids:
+        i = bisect.bisect_left(ids, node_id)
+        if i < len(ids) and ids[i] == node_id:
+            del ids[i]
+
+
 ANY = "*"  # the kind key of a trial that fits any node (hardware "cpu"), and of every node
 
 
@@ -241,16 +256,29 @@ class NodeBook:
     def _read(self, nodes: list[Node]) -> None:
         self.stats.inventory_reads += 1
         before = self._nodes
-        self._nodes = {n.node_id: n for n in nodes}
-        if before.keys() == self._nodes.keys() and all(before[k] == v for k, v in self._nodes.items()):
+        self._nodes = now = {n.node_id: n for n in nodes}
+        gone = [nid for nid, n in before.items() if now.get(nid) != n]
+        new = [nid for nid, n in now.items() if before.get(nid) != n]
+        if not gone and not new:
             return
         self._never.clear()
-        by_kind: dict[str, list[str]] = {}
-        for nid in sorted(self._nodes):
-            for k in (ANY, *self._nodes[nid].hardware):
-                by_kind.setdefault(k, []).append(nid)
-        self._by_kind = by_kind
-        self._free = {k: [nid for nid in ids if not self._held(nid)] for k, ids in by_kind.items()}
+        if len(gone) + len(new) > 64 or not before:  # many changed (the first read): index them afresh
+            by_kind: dict[str, list[str]] = {}
+            for nid in sorted(now):
+                for k in self._kinds_of(now[nid]):
+                    by_kind.setdefault(k, []).append(nid)
+            self._by_kind = by_kind
+            self._free = {k: [nid for nid in ids if not self._held(nid)] for k, ids in by_kind.items()}
+        else:  # a few nodes lost, back or changed: their index entries only
+            for nid in gone:
+                for k in self._kinds_of(before[nid]):
+                    for index in (self._by_kind, self._free):
+                        _discard(index.get(k), nid)
+            for nid in new:
+                for k in self._kinds_of(now[nid]):
+                    _insert(self._by_kind.setdefault(k, []), nid)
+                    if not self._held(nid):
+                        _insert(self._free.setdefault(k, []), nid)
         if before:  # nodes joined or left: each waiter gets a free node that fits it, or looks again
             self._wake_all_waiters()
 
@@ -374,11 +402,7 @@ class NodeBook:
         use.owners[owner] = need
         if self.policy == "exclusive":
             for k in self._kinds_of(node):
-                ids = self._free.get(k)
-                if ids:
-                    i = bisect.bisect_left(ids, node.node_id)
-                    if i < len(ids) and ids[i] == node.node_id:
-                        del ids[i]
+                _discard(self._free.get(k), node.node_id)
         self.stats.acquires += 1
         return node.node_id
 
@@ -390,10 +414,7 @@ class NodeBook:
             return
         if self.policy == "exclusive" and not self._held(node_id):
             for k in self._kinds_of(node):
-                ids = self._free.setdefault(k, [])
-                i = bisect.bisect_left(ids, node_id)
-                if i == len(ids) or ids[i] != node_id:
-                    ids.insert(i, node_id)
+                _insert(self._free.setdefault(k, []), node_id)
         queues = [q for k in self._kinds_of(node) if (q := self._queues.get(k))]
         for waiter in heapq.merge(*queues, key=lambda w: w.seq) if len(queues) > 1 else (queues[0] if queues else ()):
             if waiter.done or not waiter.need.matches(node) or not self._has_room(node, waiter.need):
