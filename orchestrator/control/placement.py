@@ -474,7 +474,10 @@ class NodeBook:
                 timeout_s: float | None = None) -> str:
         """Reserve room for ``need`` on a node and return its id; blocks while every fitting node is full.
 
-        A node where an earlier attempt of ``trial_id`` died is taken only when no other node fits."""
+        A node where an earlier attempt of ``trial_id`` died is taken only when no other node fits. While it
+        waits, the caller keeps its place in the queue; every ``refresh_s`` it has the inventory read again if
+        nobody has (a node that joined is handed to the oldest waiter it fits; one that left may leave the trial
+        nowhere to go: CannotPlace)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             handed: list[str | None] = []
@@ -487,18 +490,25 @@ class NodeBook:
             node = self.acquire_or_queue(owner, need, wake, trial_id=trial_id)
             if node is not None:
                 return node
-            wait = self.refresh_s if self.refresh_s > 0 else 0.05  # a waiter looks again at least this often
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - time.monotonic()))
-            woken.wait(timeout=wait)
-            with self._lock:
-                if handed and handed[0] is not None:
-                    return handed[0]
-                self._drop_waiter(owner)
-                if self._cancelled:
-                    raise Cancelled("the sweep is stopping")
-            if deadline is not None and not handed and time.monotonic() >= deadline:
-                raise TimeoutError(f"no node free for {need} after {timeout_s:g} s")
+            while True:
+                wait = self.refresh_s if self.refresh_s > 0 else 0.05  # looks at the inventory at least this often
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - time.monotonic()))
+                woken.wait(timeout=wait)
+                with self._lock:
+                    if not handed:
+                        self._nodes_now()  # read again if stale: what joined or left is handed or woken now
+                    if handed:
+                        if handed[0] is not None:
+                            return handed[0]
+                        break  # woken to look again: the cluster changed, or the sweep is stopping
+                    why = self.why_never(need)
+                    if why:
+                        self._drop_waiter(owner)
+                        raise CannotPlace(why)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        self._drop_waiter(owner)
+                        raise TimeoutError(f"no node free for {need} after {timeout_s:g} s")
 
     def _drop_waiter(self, owner: str) -> None:
         for q in self._queues.values():

@@ -38,6 +38,10 @@ class Inventory:
             self._cond.notify_all()
             return list(self.nodes)
 
+    def wait_looks(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.looks >= n, timeout=HANG_S), f"{self.looks} looks, not {n}"
+
 
 def wait_queued(book: NodeBook, n: int = 1) -> None:
     """Until ``n`` trials are queued in the book (queueing happens under the book's lock, so any later call that
@@ -449,3 +453,19 @@ def test_the_inventory_is_read_again_after_refresh_s_and_on_refresh():
     handed: list[str | None] = []
     book.refresh()  # a node joined, told now rather than at the next read
     assert inv.looks == 3 and book.acquire_or_queue("t4", cpu(1), handed.append) == "node-b"
+
+
+def test_a_waiter_keeps_its_place_in_the_queue_across_its_refresh_looks():
+    inv = Inventory([Node("node-a", 8.0)])
+    book = NodeBook(inv, "exclusive", refresh_s=0.02)  # each waiter looks again every 20 ms
+    book.acquire("t0", cpu(1))
+    first = Waiter(book, "first", cpu(1))
+    wait_queued(book, 1)
+    second = Waiter(book, "second", cpu(1))
+    wait_queued(book, 2)
+    inv.wait_looks(inv.looks + 5)  # several refresh periods pass, both still waiting
+    book.release("node-a", "t0")
+    assert first.done.wait(HANG_S) and first.node == "node-a", "the older waiter lost its turn"
+    assert not second.done.is_set() and book.waiting() == 1
+    book.cancel()
+    assert second.done.wait(HANG_S) and isinstance(second.error, Cancelled)
