@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import ArrayLike
 from scipy.optimize import isotonic_regression
 
@@ -212,8 +213,8 @@ def _bootstrap_knees_reference(data: dict[int, list[np.ndarray]], f: Callable[[n
 # unless the low 32 bits of ``u * n`` are below ``2**32 % n``: then the word is thrown away and the next one read.
 # So the bootstrap's draws are a function of the stream of words alone. Below, the stream is generated in bulk
 # (``random_raw``) a chunk of draws at a time; every draw's window picks and request picks are read off it with
-# array operations; a thrown-away word is found afterwards, taken out of the stream and the chunk read again (a
-# word is thrown away about once in 50 estimates of 3,000 requests). The p50 or p90 of each resample comes from
+# array operations; a thrown-away word is found afterwards, taken out of the stream and the chunk read again (rare:
+# a word is thrown away with probability ``(2**32 % n) / 2**32``, below ``n / 2**32``). The p50 or p90 of each resample comes from
 # ranks: each core count's pooled requests are ranked once, a resample's order statistics are its ranks sorted,
 # and numpy's linear interpolation between the two around the quantile is done with numpy's own operations
 # (``numpy.quantile``'s index, weight and ``_lerp``), so each draw's figure is the float ``np.quantile`` gives.
@@ -222,10 +223,10 @@ def _bootstrap_knees_reference(data: dict[int, list[np.ndarray]], f: Callable[[n
 # themselves, so no rounding can move a draw's knee.
 
 _QUANTILE = {"p50": 0.5, "p90": 0.9}
-_MAX_REJECTIONS = 32         # beyond this many thrown-away words (none of the sizes here), draw one call at a time
+_MAX_REJECTIONS = 32         # past this many thrown-away words in one estimate, draw one call at a time instead
 _MAX_POOLED = 1 << 20        # a core count's pooled requests, so a pick plus its window's offset is exact in a double
 _NEAR = 1e-9                 # a draw's fit this close to the threshold, relative, is fitted again the reference way
-_CHUNK_WORDS = 1 << 17       # words a chunk of draws reads: its arrays stay in a core's cache
+_CHUNK_WORDS = 1 << 18       # words a chunk of draws reads: its arrays stay in a core's cache
 
 
 def _threshold(n: int) -> int:
@@ -258,7 +259,8 @@ class _Count:
         self.rank_dtype = np.int16 if len(pooled) < np.iinfo(np.int16).max else np.int32
         self.rank = np.empty(len(pooled), dtype=self.rank_dtype)
         self.rank[order] = np.arange(len(pooled))
-        self.pad = np.iinfo(self.rank_dtype).max                     # above every rank: a padded place sorts last
+        # a resample padded to the longest window has this rank in the pad's places: above every request's, last
+        self.padded_rank = np.append(self.rank, np.iinfo(self.rank_dtype).max).astype(self.rank_dtype)
         # the words a window pick reads (none for one window), and those each window's request picks read (none
         # for a one-request window)
         self.pick_words = self.n if self.n > 1 else 0
@@ -301,31 +303,24 @@ def _figures_fixed(counts: list[_Count], rows: int, u: np.ndarray, q: float,
     count's figure and requests into ``figs`` and ``ws``; the position of the first thrown-away word, if any."""
     per_draw = sum(c.words for c in counts)
     u2 = u[:rows * per_draw].reshape(rows, per_draw)
-    bad: int | None = None
+    moduli = np.concatenate([np.repeat([c.n, int(c.lengths[0])], [c.pick_words, c.words - c.pick_words])
+                             for c in counts]).astype(np.uint32)     # [per_draw]: each word's modulus
+    thresholds = (1 << 32) % np.maximum(moduli, 1).astype(np.uint64)
+    if np.any(thresholds):
+        low = np.multiply(u2, moduli)                              # the low 32 bits of u * n
+        if np.any(low.min(axis=0) < thresholds):
+            return int(np.argmax((low < thresholds).ravel()))      # the first in the stream
     at = 0
     for i, c in enumerate(counts):
-        if c.n > 1:
-            pw = u2[:, at:at + c.n]
-            if _threshold(c.n):
-                wrong = _rejected(pw, c.n, _threshold(c.n))
-                if wrong.any():
-                    r, k = np.argwhere(wrong)[0]
-                    bad = _earliest(bad, int(r) * per_draw + at + int(k))
-            picks = _picks(pw, c.n)
-        else:
-            picks = np.zeros((rows, 1), dtype=np.intp)
+        picks = _picks(u2[:, at:at + c.n], c.n) if c.n > 1 else np.zeros((rows, 1), dtype=np.intp)
         at += c.pick_words
         length = int(c.lengths[0])
         first = c.offsets[picks]                                   # [rows, windows]: where each pick starts
         if length > 1:
             req = u2[:, at:at + c.n * length]
-            if c.thresholds[0]:
-                wrong = _rejected(req, length, int(c.thresholds[0]))
-                if wrong.any():
-                    r, k = np.argwhere(wrong)[0]
-                    bad = _earliest(bad, int(r) * per_draw + at + int(k))
             x = np.multiply(req.reshape(rows, c.n, length), length * 2.0 ** -32, dtype=np.float64)
-            x += first[:, :, None]
+            if c.n > 1:                                            # one window starts at 0
+                x += first[:, :, None]
             ranks = c.rank[x.astype(np.intp)].reshape(rows, c.n * length)
             at += c.n * length
         else:
@@ -333,7 +328,7 @@ def _figures_fixed(counts: list[_Count], rows: int, u: np.ndarray, q: float,
         ranks.sort(axis=1)
         figs[:, i] = _quantile_of_sorted(ranks, c.n * length, c.sorted, q)
         ws[:, i] = c.n * length
-    return bad
+    return None
 
 
 def _block_starts(counts: list[_Count], rows: int, u: np.ndarray) -> tuple[np.ndarray, int]:
@@ -380,17 +375,16 @@ def _figures_ragged(counts: list[_Count], rows: int, u: np.ndarray, q: float,
         used = c.request_words[picks]
         begin = s[:, None] + c.pick_words + np.cumsum(used, axis=1) - used
         r = np.arange(int(c.lengths.max()))
-        valid = r < length                                          # [rows, windows, longest]
-        reads = valid & (used[:, :, None] > 0)
-        at = np.where(reads, begin[:, :, None] + r, 0)
-        w = u[at]
-        wrong = reads & _rejected(w, length, c.thresholds[picks][:, :, None])
+        w = sliding_window_view(u, len(r))[begin]                  # [rows, windows, longest]: the words from there
+        wrong = _rejected(w, length, c.thresholds[picks][:, :, None])
         if wrong.any():
-            bad = _earliest(bad, int(at[wrong].min()))
+            wrong &= r < length                                     # past a window's requests is not its word
+            if wrong.any():
+                bad = _earliest(bad, int((begin[:, :, None] + r)[wrong].min()))
         x = np.multiply(w, length * 2.0 ** -32, dtype=np.float64)
         x += c.offsets[picks][:, :, None]
-        ranks = c.rank[np.where(valid, x.astype(np.intp), 0)]
-        ranks[~valid] = c.pad
+        np.copyto(x, len(c.rank), where=r >= length)               # past a window's requests: the pad's place
+        ranks = c.padded_rank[x.astype(np.intp)]
         ranks = ranks.reshape(rows, -1)
         ranks.sort(axis=1)
         n = length.sum(axis=(1, 2))
@@ -458,13 +452,14 @@ def _bulk_figures(counts: list[_Count], q: float, n_boot: int,
     figs = np.empty((n_boot, len(counts)))
     ws = np.empty((n_boot, len(counts)))
     fixed = all(c.fixed for c in counts)
-    most = max(1, sum(c.most_words for c in counts))
-    chunk = max(1, _CHUNK_WORDS // most)
+    most = sum(c.most_words for c in counts)                        # words a draw reads at most (fixed: exactly)
+    margin = max(int(c.lengths.max()) for c in counts)              # a window's words read from its start on
+    chunk = max(1, _CHUNK_WORDS // max(1, most))
     words = _Words(bitgen)
     for s in range(0, n_boot, chunk):
         rows = min(chunk, n_boot - s)
         while True:
-            words.ensure(rows * most)
+            words.ensure(rows * most + margin)
             if fixed:
                 bad, read = _figures_fixed(counts, rows, words.u, q, figs[s:s + rows], ws[s:s + rows]), rows * most
             else:

@@ -65,6 +65,19 @@ def test_the_estimate_is_the_reference_field_for_field(stat):
             assert getattr(fast, f.name) == getattr(ref, f.name), (case, f.name)
 
 
+@pytest.mark.parametrize("windows", [
+    {1: [[0.3]], 2: [[0.2]]},                                         # no word read at all
+    {1: [[0.3], [0.4]], 2: [[0.2]], 4: [[0.2], [0.1], [0.3]]},        # window picks only
+    {1: [[0.3], [0.4, 0.5]], 2: [[0.2] * 5]},                         # a one-request window beside a longer one
+    {3: [[0.5] * 10, [0.5] * 10]},                                    # one count, every request the same
+], ids=["one-request-windows", "picks-only", "one-and-two", "one-count"])
+def test_windows_of_one_request_and_ties_draw_as_the_reference(windows):
+    for stat in ("p50", "p90"):
+        for seed in range(5):
+            assert estimate_knee(windows, stat=stat, seed=seed, n_boot=50) == _estimate_knee_reference(
+                windows, stat=stat, seed=seed, n_boot=50)
+
+
 def test_a_realistic_state_draws_a_thousand_times_as_the_reference():
     """7 core counts x 3 windows x 146 requests (the dense H200 grid's shape), p90, 1000 draws."""
     rng = np.random.default_rng(3)
