@@ -55,31 +55,38 @@ def _node(c: Cluster, kind: str, cpu: int):
 def test_trials_of_two_hardware_types_run_at_once_each_on_its_own_node(vllm_left, cluster, tmp_path: Path):
     a, b = _node(cluster, "simA", CPUS[0]), _node(cluster, "simB", CPUS[1])
     ray.init(address=cluster.address, log_to_driver=False)
-    plan = expand(_spec(["simA", "simB", "simC"]))
+    # Every simA trial is listed before any simB trial: lanes taking the plan in order would have both wait for
+    # the simA node while the simB node idled until the first simA trial ended.
+    plan = expand(_spec(["simA", "simB", "simC"], repeats=2))
+    assert [t.hardware for t in plan.trials] == ["simA", "simA", "simB", "simB", "simC", "simC"]
     ex = RayTrialExecutor(tmp_path, plan=plan)
     assert ex.capacity(list(plan.trials)) == 2  # exclusive: one trial per node that fits any of them
     controller = SweepController(plan, ex)
     t0 = time.monotonic()
     results = {r.trial_id: r for r in controller.run()}
     ex.close()
-    by_hw = {t.hardware: results[t.trial_id] for t in plan.trials}
-    assert controller.lanes_used == 2
+    assert controller.lanes_used == 3  # one a kind: simA's node, simB's node, and simC's (which fail at once)
+    by_hw: dict[str, list] = {}
+    for t in plan.trials:
+        by_hw.setdefault(t.hardware, []).append(results[t.trial_id])
 
-    cannot = by_hw["simC"]
-    assert cannot.status is TrialStatus.FAILED and cannot.error_kind is ErrorKind.CANNOT_FIT
-    assert "no node can ever hold" in cannot.message and "simA" in cannot.message
-    assert cannot.ended_at - cannot.started_at < 5  # at once, not after a placement timeout
+    for cannot in by_hw["simC"]:
+        assert cannot.status is TrialStatus.FAILED and cannot.error_kind is ErrorKind.CANNOT_FIT
+        assert "no node can ever hold" in cannot.message and "simA" in cannot.message
+        assert cannot.ended_at - cannot.started_at < 5  # at once, not after a placement timeout
 
-    ra, rb = by_hw["simA"], by_hw["simB"]
-    assert ra.ok and rb.ok, (ra.message, rb.message)
-    assert ra.params["node_id"] == a.node_id and rb.params["node_id"] == b.node_id
-    assert ra.params["replica_cpus"] == str(CPUS[0]) and rb.params["replica_cpus"] == str(CPUS[1])
-    assert ra.params["placement"] == "exclusive" and ra.params["neighbours"] == "" == rb.params["neighbours"]
-    overlap = min(ra.ended_at, rb.ended_at) - max(ra.started_at, rb.started_at)
-    assert overlap > 5, f"the two trials overlapped {overlap:.1f} s only"  # each window alone is 8 s
-    for r in (ra, rb):
-        assert r.metrics["requests"] > 0 and float(r.params["pg_ready_s"]) < 30
-    print(f"2 trials on 2 nodes in {time.monotonic() - t0:.0f} s, overlapping {overlap:.0f} s")
+    for hw, node, cpu in (("simA", a, CPUS[0]), ("simB", b, CPUS[1])):
+        for r in by_hw[hw]:
+            assert r.ok, r.message
+            assert r.params["node_id"] == node.node_id and r.params["replica_cpus"] == str(cpu)
+            assert r.params["placement"] == "exclusive" and r.params["neighbours"] == ""
+            assert r.metrics["requests"] > 0 and float(r.params["pg_ready_s"]) < 30
+    # Both kinds busy at once while both had trials pending: the first trial of each overlapped the other's.
+    (a0, a1), (b0, b1) = by_hw["simA"], by_hw["simB"]
+    overlap = min(a0.ended_at, b0.ended_at) - max(a0.started_at, b0.started_at)
+    assert overlap > 5, f"the first simA and simB trials overlapped {overlap:.1f} s only"  # each window alone is 8 s
+    assert a1.started_at >= a0.ended_at - 1 and b1.started_at >= b0.ended_at - 1  # one trial a node at a time
+    print(f"4 trials on 2 nodes in {time.monotonic() - t0:.0f} s, the first two overlapping {overlap:.0f} s")
     assert vllm_left() == []
 
 
