@@ -157,6 +157,20 @@ class Cancelled(RuntimeError):
     """The book was cancelled (the sweep is stopping) while a trial waited for a node."""
 
 
+def _shapes(nodes: Iterable[Node]) -> str:
+    """What the nodes have, one entry per shape (CPUs, GPUs, hardware), with a node id (its first 8 characters)
+    and how many nodes have it: a short sentence at 4096 nodes too."""
+    by_shape: dict[tuple[float, float, tuple[str, ...]], list[str]] = {}
+    for n in nodes:
+        by_shape.setdefault((n.cpus, n.gpus, tuple(sorted(n.hardware))), []).append(n.node_id)
+    out = []
+    for (cpus, gpus, hw), ids in by_shape.items():
+        what = f"{cpus:g} CPU, {gpus:g} GPU{', ' + ','.join(hw) if hw else ''}"
+        first = min(ids)[:8]
+        out.append(f"{first}: {what}" if len(ids) == 1 else f"{len(ids)} nodes like {first}: {what}")
+    return "; ".join(out)
+
+
 def _insert(ids: list[str], node_id: str) -> None:
     """Into the ascending ``ids``, once."""
     i = bisect.bisect_left(ids, node_id)
@@ -322,9 +336,7 @@ class NodeBook:
                 if any(need.matches(n) for n in nodes):
                     return None
                 listed = nodes
-        text = "; ".join(f"{n.node_id[:8]}: {n.cpus:g} CPU, {n.gpus:g} GPU"
-                         f"{', ' + ','.join(sorted(n.hardware)) if n.hardware else ''}" for n in listed)
-        return f"no node can ever hold {need}; nodes: {text or 'none'}"
+        return f"no node can ever hold {need}; nodes: {_shapes(listed) or 'none'}"
 
     def capacity(self, needs: list[Need]) -> int:
         """How many of these trials the cluster could hold at once (at least 1); reads the inventory afresh."""

@@ -469,3 +469,14 @@ def test_a_waiter_keeps_its_place_in_the_queue_across_its_refresh_looks():
     assert not second.done.is_set() and book.waiting() == 1
     book.cancel()
     assert second.done.wait(HANG_S) and isinstance(second.error, Cancelled)
+
+
+def test_cannot_place_names_each_shape_of_node_once_at_any_size():
+    nodes = [Node(f"h100-{i:04d}", 128.0, 8.0, frozenset({"H100"})) for i in range(2048)] + \
+        [Node(f"h200-{i:04d}", 128.0, 8.0, frozenset({"H200"})) for i in range(2048)]
+    book = NodeBook(lambda: nodes, "exclusive")
+    with pytest.raises(CannotPlace) as info:
+        book.acquire("t", Need(cores=1, gpus=1, hardware="B200"))
+    msg = str(info.value)
+    assert "2048 nodes like h100-000: 128 CPU, 8 GPU, H100" in msg and "2048 nodes like h200-000" in msg
+    assert len(msg) < 300
