@@ -1,15 +1,18 @@
 """How many trial results per second a tracking server takes, sqlite against PostgreSQL.
 
 The write is the product's own: each writer is an :class:`~orchestrator.observe.tracking.MlflowTracker`
-(one per sweep driver) and every result goes through ``on_trial_result``, which builds the payload
-(``outbox.trial_payload``), stages it (``outbox.stage_trial``: result.json, records.parquet, telemetry.parquet,
-the artifacts folder) and uploads it (``tracking.upload_trial``): a child run, its params and metrics in
-batches, the ``ts/`` series, the files, the end status. The payload is a real trial's: ``--trial`` names a
-trial folder as the product stores it in MLflow (``<home>/mlflow/artifacts/<exp>/<run>/artifacts``: its
-``result.json``, ``records.parquet``, ``telemetry.parquet`` and the other files are turned back into the
-TrialSpec and TrialResult the executor returned); by default the newest under ``$ORCH_HOME`` (``.orchestrator``,
-what ``make smoke`` leaves). Each upload is a new trial (the repeat index and the sweep change, so does the
-trial id).
+(one per sweep driver) and every result goes through it as the controller hands it over: ``persist_result``
+(the lane's: the payload, ``outbox.trial_payload``, into the outbox: result.json, records.parquet,
+telemetry.parquet, the artifacts folder), then ``on_trial_result`` (the writer thread's: the entry to the
+tracker's upload pool, ``--uploaders`` threads, each upload ``tracking.upload_trial``: a child run, its params
+and metrics in batches, the ``ts/`` series, the files, the end status). A tracker without ``persist_result``
+(the code before it, 7f02a5a) gets ``on_trial_result`` alone, which there stages and uploads the result itself.
+A writer's results are done when ``flush()`` returns (when the tracker has one). The payload is a real trial's:
+``--trial`` names a trial folder as the product stores it in MLflow (``<home>/mlflow/artifacts/<exp>/<run>/
+artifacts``: its ``result.json``, ``records.parquet``, ``telemetry.parquet`` and the other files are turned back
+into the TrialSpec and TrialResult the executor returned); by default the H200 trial :func:`h200_trial` builds
+(``--make-trial DIR`` writes that folder, for a run of older code with ``--trial DIR``). Each upload is a new
+trial (the repeat index and the sweep change, so does the trial id).
 
 For each server worker count it starts a real ``mlflow server`` (``orchestrator.infra.local_servers.mlflow_server``)
 per backend, both at once: ``sqlite`` in the server's folder, ``postgres`` on a cluster of its own started with
@@ -21,7 +24,8 @@ server refused lands in the writer's outbox, as in the product: counted as faile
 server is asked how many child runs it holds: it must be every upload.
 
     python benchmarks/mlflow_backends.py [--trial DIR] [--backends sqlite,postgres] [--workers 2,4]
-        [--writers 1,4] [--trials 15] [--repeats 2] [--md out.md] [--csv out.csv]
+        [--writers 1,4] [--uploaders 4] [--trials 15] [--repeats 2] [--md out.md] [--csv out.csv]
+    python benchmarks/mlflow_backends.py --make-trial DIR     # the H200 trial folder, then exit
 
 Everything lives in one temp folder, removed at the end; the servers and PostgreSQL are stopped.
 """
@@ -59,6 +63,29 @@ from workloads.records import frame_to_records
 ROOT = Path(__file__).resolve().parents[1]
 PG_SCRIPT = ROOT / "mlflow" / "postgres.sh"
 STORED = ("result.json", "records.parquet", "telemetry.parquet")  # what upload_trial writes beside the artifacts
+# The H200 knee search's committed results: its spec, its trials' metrics and every request of its windows.
+H200_SPEC = ROOT / "sweeps" / "h200-knee-search.yaml"
+H200_TRIALS = ROOT / "benchmarks" / "results" / "h200" / "search-2" / "h200-knee-search" / "trials.csv"
+H200_RECORDS = ROOT / "benchmarks" / "results" / "h200" / "search-2" / "h200-knee-search-records.parquet"
+# What a trial on the H200 learnt while running (the executor's params, as the figures catalogue declares them).
+H200_LEARNT = {
+    "cpu_model": "INTEL(R) XEON(R) PLATINUM 8568Y+", "smt": "on", "replica_physical_cores": "2",
+    "replica_numa_nodes": "0", "client_numa_nodes": "0", "gpu_numa_nodes": "0", "cpu_governor": "performance",
+    "replica_cpus": "2,3", "restriction_requested": "cpuset", "restriction_mode": "cpuset",
+    "restriction_fallback": "", "server_env": "OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=2-3",
+    "server_stack": "vllm", "port": "8000", "vllm_version": "0.26.0",
+    "vllm_command": "vllm serve /models/llama-3.1-8b --load-format dummy --max-model-len 20480 "
+                    "--kv-cache-memory-bytes 68719476736 --enable-prefix-caching --port 8000 --host 127.0.0.1",
+    "gpu_ids": "0", "gpu_name": "NVIDIA H200", "hostname": "h200-node-0", "node_id": "5f0c" * 14,
+    "platform": "Linux-6.8.0-x86_64-with-glibc2.39", "telemetry_cpus": "1", "repinned": "true",
+    "prefix_cache_reset": "ok", "client_cpus": "4,5", "client_isolated": "true", "neighbours": "0",
+    "window_on_start": "false", "placement": "pack", "node_wait_s": "0.004", "pg_ready_s": "0.41",
+    "replica_actor_s": "1.9", "warmup_s": "0", "startup_s": "226.4", "startup_sources": "log,stacks",
+    "startup_weights": "dummy", "compile_cache": "/root/.cache/vllm/torch_compile_cache", "compile_cache_entries": "4",
+    "compile_cache_load": "true", "model_page_cache": "n/a", "runq_wait_status": "ok", "stacks_status": "ok",
+    "stacks_rate_hz": "50", "stacks_cpu_basis": "thread cputime", "search_reason": "bisect", "search_step": "4",
+    "search_grid_cores": "1 2 3 4 6 8 12",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +104,57 @@ class Payload:
         return trial, dataclasses.replace(self.result, trial_id=trial.trial_id, started_at=now - span, ended_at=now)
 
 
-def newest_trial(home: Path) -> Path:
-    found = sorted((home / "mlflow" / "artifacts").glob("*/*/artifacts/result.json"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise SystemExit(f"no trial folder under {home}/mlflow/artifacts: run `make smoke` first, or pass --trial DIR")
-    return found[-1].parent
+def h200_trial(folder: Path) -> Path:
+    """A trial folder as the product stores it in MLflow, of a real H200 trial: the 2-core window of the H200 knee
+    search (``sweeps/h200-knee-search.yaml``; Llama-3.1-8B shape, 146 recorded requests), its metrics as its
+    ``trials.csv`` row holds them, its requests from the committed records, what such a trial learns while running
+    (:data:`H200_LEARNT`), the 21 sampled series its row summarises (about 86 samples each, between the row's mean
+    and maximum), and the executor's files (``trial_spec.json``, ``verified_cores.json``, ``vllm.log``)."""
+    import math
+
+    from orchestrator.plan.expand import expand
+    from orchestrator.plan.load import load_spec
+    from workloads.records import frame_to_records
+
+    plan = expand(load_spec(H200_SPEC))
+    trial = next(t for t in plan.trials if t.cores == 2 and t.repeat == 0)
+    rows = pd.read_csv(H200_TRIALS)
+    row = rows[(rows["cores"] == 2) & (rows["repeat"] == 0)].iloc[0]
+    frame = pd.read_parquet(H200_RECORDS)
+    frame = frame[frame["trial_id"] == row["trial_id"]].drop(columns=[
+        "trial_id", "cores", "repeat", "restriction", "api_servers", "search_step", "search_reason"])
+    records = tuple(frame_to_records(frame.reset_index(drop=True)))
+    factors = set(trial.factors())
+    metrics = {str(k): float(v) for k, v in row.items() if k not in factors and isinstance(v, (int, float))
+               and not isinstance(v, bool) and math.isfinite(v)}
+    series = sorted(str(k)[:-5] for k in row.index if str(k).endswith("_mean") and f"{str(k)[:-5]}_max" in row.index)
+    rng = __import__("random").Random(0)
+    telemetry = tuple({"t": round(0.25 * i, 2), "name": name,
+                       "value": row[f"{name}_mean"] + (row[f"{name}_max"] - row[f"{name}_mean"]) * rng.random()}
+                      for name in series for i in range(86))
+    folder.mkdir(parents=True, exist_ok=False)
+    arts = folder / ".arts"
+    arts.mkdir()
+    (arts / "trial_spec.json").write_text(trial.model_dump_json(indent=2))
+    (arts / "verified_cores.json").write_text(json.dumps({"replica": [2, 3], "client": [4, 5], "telemetry": [1]}))
+    (arts / "vllm.log").write_text("".join(f"INFO 12-04 16:4{i % 10}:{i % 60:02d} [engine.py:{100 + i}] step {i}: "
+                                           f"running 16 reqs, waiting 0 reqs, KV cache usage {i % 97}%\n"
+                                           for i in range(450)))
+    now = time.time()
+    result = TrialResult(trial_id=trial.trial_id, status=TrialStatus.COMPLETED, records=records, metrics=metrics,
+                         params=dict(H200_LEARNT), telemetry=telemetry, artifacts_dir=str(arts),
+                         started_at=now - float(row["trial_duration_s"]), ended_at=now)
+    entry = outbox.put(folder / ".outbox", outbox.sweep_payload(plan, experiment=plan.spec.name, git_commit=None,
+                                                                spec_yaml=None), trial, result)
+    for f in entry.path.iterdir():  # the run's artifacts, flat, as MLflow stores them
+        if f.name == "artifacts":
+            for g in f.iterdir():
+                shutil.copy2(g, folder / g.name)
+        else:
+            shutil.copy2(f, folder / f.name)
+    shutil.rmtree(folder / ".outbox")
+    shutil.rmtree(arts)
+    return folder
 
 
 def load_payload(folder: Path, scratch: Path) -> Payload:
@@ -133,23 +206,47 @@ def postgres(state: Path) -> Iterator[str]:
         subprocess.run([str(PG_SCRIPT), "stop"], env=env, check=False, timeout=120)
 
 
-def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, go: Any, out: Any) -> None:
-    """One sweep driver: a tracker, one untimed upload (experiment, parent), then ``n`` timed ones."""
+def _tracker(uri: str, box: Path, uploaders: int, series_points: int) -> Any:
+    """The writer's tracker; a tracker without upload threads (older code) takes no ``uploaders``."""
+    import inspect
+
+    if "uploaders" in inspect.signature(MlflowTracker).parameters:
+        return MlflowTracker(uri, outbox_dir=box, uploaders=uploaders, max_series_points=series_points)
+    return MlflowTracker(uri, outbox_dir=box, max_series_points=series_points)
+
+
+def _hand(tracker: Any, trial: TrialSpec, result: TrialResult) -> None:
+    """One result, as the controller hands it over: persisted (the lane), then to ``on_trial_result`` (the writer)."""
+    persist = getattr(tracker, "persist_result", None)
+    if persist is not None:
+        persist(trial, result)
+    tracker.on_trial_result(trial, result)
+
+
+def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, uploaders: int, series_points: int, go: Any,
+            out: Any) -> None:
+    """One sweep driver: a tracker, one untimed upload (experiment, parent), then ``n`` timed ones, as fast as they
+    are handed over; done when the tracker says every one is up (``flush``; older code: when the calls return)."""
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     payload = load_payload(Path(folder), Path(scratch))
     box = Path(scratch) / "outbox"
-    tracker = MlflowTracker(uri, outbox_dir=box)
-    tracker.on_trial_result(*payload.nth(sweep, 0))
+    tracker = _tracker(uri, box, uploaders, series_points)
+    flush = getattr(tracker, "flush", lambda: None)
+    _hand(tracker, *payload.nth(sweep, 0))
+    flush()
     go.wait()
-    times = []
+    calls = []
     for i in range(1, n + 1):
         t0 = time.monotonic()
-        tracker.on_trial_result(*payload.nth(sweep, i))
-        times.append((t0, time.monotonic()))
-    out.put({"sweep": sweep, "times": times, "failed": len(outbox.pending(box))})
+        _hand(tracker, *payload.nth(sweep, i))
+        calls.append((t0, time.monotonic()))
+    trouble = flush()
+    out.put({"sweep": sweep, "calls": calls, "end": time.monotonic(), "failed": len(outbox.pending(box)),
+             "trouble": trouble})
 
 
-def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int) -> dict[str, Any]:
+def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, uploaders: int,
+         series_points: int = 1000) -> dict[str, Any]:
     """``writers`` processes at once against the server at ``uri``; the cell's figures."""
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
@@ -157,8 +254,8 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int) 
     for w in range(writers):
         d = scratch / f"{tag}-w{w}"
         d.mkdir(parents=True)
-        procs.append(ctx.Process(target=_writer, args=(uri, str(folder), str(d), f"bench-{tag}-w{w}", n, go, out),
-                                 daemon=True))
+        procs.append(ctx.Process(target=_writer, args=(uri, str(folder), str(d), f"bench-{tag}-w{w}", n, uploaders,
+                                                       series_points, go, out), daemon=True))
     try:
         for p in procs:
             p.start()
@@ -176,13 +273,14 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int) 
             if p.is_alive():
                 p.terminate()
             p.join(timeout=60)
-    spans = [t for r in results for t in r["times"]]
-    wall = max(e for _, e in spans) - min(s for s, _ in spans)
+    spans = [t for r in results for t in r["calls"]]
+    wall = max(r["end"] for r in results) - min(s for s, _ in spans)
     lat = sorted(e - s for s, e in spans)
     stored = sum(_children(client, r["sweep"]) for r in results)
     return {"uploads": len(spans), "failed": sum(r["failed"] for r in results), "wall_s": round(wall, 2),
-            "trials_per_s": round(len(spans) / wall, 2), "upload_p50_s": round(statistics.median(lat), 3),
-            "upload_max_s": round(lat[-1], 3), "runs_stored": stored, "runs_expected": writers * (n + 1)}
+            "trials_per_s": round(len(spans) / wall, 2), "call_p50_s": round(statistics.median(lat), 3),
+            "call_max_s": round(lat[-1], 3), "runs_stored": stored, "runs_expected": writers * (n + 1),
+            "trouble": "; ".join(str(r["trouble"]) for r in results if r["trouble"])}
 
 
 def _children(client: MlflowClient, sweep: str) -> int:
@@ -209,23 +307,30 @@ def shape(payload: Payload, uri: str, sweep: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trial", type=Path, help="a stored trial folder (default: the newest under $ORCH_HOME)")
+    ap.add_argument("--trial", type=Path, help="a stored trial folder (default: the H200 trial h200_trial builds)")
+    ap.add_argument("--make-trial", type=Path, metavar="DIR", help="write the H200 trial folder to DIR and exit")
     ap.add_argument("--backends", default="sqlite,postgres")
     ap.add_argument("--workers", default="2,4", help="mlflow server worker processes")
     ap.add_argument("--writers", default="1,4", help="writer processes at once (sweep drivers)")
+    ap.add_argument("--uploaders", default="4", help="upload threads of each writer's tracker (a list: a cell each)")
     ap.add_argument("--trials", type=int, default=15, help="timed uploads per writer")
+    ap.add_argument("--max-series-points", type=int, default=1000,
+                    help="the tracker's max_series_points (points a sampled series keeps, per series)")
     ap.add_argument("--repeats", type=int, default=2, help="each cell this many times, the backends alternating")
     ap.add_argument("--md", type=Path)
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
+    if args.make_trial:
+        print(h200_trial(args.make_trial.resolve()))
+        return
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # our own servers, never a user's
     backends = args.backends.split(",")
     bad = set(backends) - {"sqlite", "postgres"}
     if bad:
         raise SystemExit(f"--backends: unknown {sorted(bad)} (sqlite, postgres)")
-    folder = (args.trial or newest_trial(Path(os.environ.get("ORCH_HOME", ".orchestrator")))).resolve()
     workers = [int(w) for w in args.workers.split(",")]
     writers = [int(w) for w in args.writers.split(",")]
+    uploaders = [int(u) for u in args.uploaders.split(",")]
     # A stop (Ctrl-C, kill) unwinds: the servers, PostgreSQL and the temp folder are cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -233,6 +338,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     held: dict[str, Any] = {}
     try:
+        folder = args.trial.resolve() if args.trial else h200_trial(base / "h200-trial")
         payload = load_payload(folder, base / "probe")
         with contextlib.ExitStack() as stack:
             pg_uri = stack.enter_context(postgres(base / "postgres")) if "postgres" in backends else None
@@ -247,21 +353,23 @@ def main() -> None:
                         servers[backend] = running.enter_context(mlflow_server(
                             base / backend, port=free_port(), backend_uri=uri, workers=nw, timeout_s=300)).uri
                         up[backend] = round(time.monotonic() - t0, 1)
-                    for nwr in writers:
-                        for rep in range(args.repeats):
-                            for backend in (backends if rep % 2 == 0 else backends[::-1]):
-                                tag = f"{backend}-s{nw}-c{nwr}-r{rep}"
-                                row = {"backend": backend, "server_workers": nw, "writers": nwr, "repeat": rep,
-                                       "trials_per_writer": args.trials,
-                                       **cell(servers[backend], folder, base / "w", tag, nwr, args.trials),
-                                       "server_start_s": up[backend]}
-                                print(json.dumps(row), flush=True)
-                                rows.append(row)
-                                if backend not in held:
-                                    held[backend] = shape(payload, servers[backend], f"bench-{tag}-w0")
+                    for nwr, nup, rep in ((a, b, c) for a in writers for b in uploaders for c in range(args.repeats)):
+                        for backend in (backends if rep % 2 == 0 else backends[::-1]):
+                            tag = f"{backend}-s{nw}-c{nwr}-u{nup}-r{rep}"
+                            load = os.getloadavg()[0]
+                            row = {"backend": backend, "server_workers": nw, "writers": nwr, "uploaders": nup,
+                                   "repeat": rep, "trials_per_writer": args.trials,
+                                   "max_series_points": args.max_series_points,
+                                   **cell(servers[backend], folder, base / "w", tag, nwr, args.trials, nup,
+                                          args.max_series_points),
+                                   "server_start_s": up[backend], "load_1min": round(load, 1)}
+                            print(json.dumps(row), flush=True)
+                            rows.append(row)
+                            if backend not in held:
+                                held[backend] = shape(payload, servers[backend], f"bench-{tag}-w0")
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(f"payload: {folder} {json.dumps(held)}")
+    print(f"payload: {json.dumps(held)}")
     summary = table(rows)
     print(summary)
     if args.csv:
@@ -274,18 +382,20 @@ def main() -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """One line per backend, server workers and writers: trial results per second (median of the repeats, and
-    each repeat), upload time p50 and max over every repeat, failed uploads, runs stored against expected."""
-    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    """One line per backend, server workers, writers and upload threads: trial results per second (median of the
+    repeats, and each repeat), the time a result's hand-over took the writer (p50 and max over every repeat), failed
+    uploads, runs stored against expected."""
+    cells: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        cells.setdefault((r["backend"], r["server_workers"], r["writers"]), []).append(r)
-    lines = ["| backend | server workers | writers | trials/s (median) | trials/s, each repeat | upload p50 s "
-             "| upload max s | failed | runs stored / expected |", "|---|---:|---:|---:|---|---:|---:|---:|---|"]
-    for (backend, nw, nwr), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        cells.setdefault((r["backend"], r["server_workers"], r["writers"], r.get("uploaders", 1)), []).append(r)
+    lines = ["| backend | server workers | writers | uploaders | trials/s (median) | trials/s, each repeat "
+             "| hand-over p50 s | hand-over max s | failed | runs stored / expected |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for (backend, nw, nwr, nup), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
         rates = [r["trials_per_s"] for r in rs]
-        lines.append(f"| {backend} | {nw} | {nwr} | {statistics.median(rates):.2f} | "
-                     f"{', '.join(f'{x:.2f}' for x in rates)} | {statistics.median(r['upload_p50_s'] for r in rs):.2f} | "
-                     f"{max(r['upload_max_s'] for r in rs):.2f} | {sum(r['failed'] for r in rs)} | "
+        lines.append(f"| {backend} | {nw} | {nwr} | {nup} | {statistics.median(rates):.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in rates)} | {statistics.median(r['call_p50_s'] for r in rs):.3f} | "
+                     f"{max(r['call_max_s'] for r in rs):.3f} | {sum(r['failed'] for r in rs)} | "
                      f"{sum(r['runs_stored'] for r in rs)} / {sum(r['runs_expected'] for r in rs)} |")
     return "\n".join(lines)
 
