@@ -255,6 +255,7 @@ class NodeBook:
         self._by_kind: dict[str, list[str]] = {}  # kind key -> ids of its nodes, ascending
         self._free: dict[str, list[str]] = {}  # exclusive: kind key -> ids of its free nodes, ascending
         self._never: dict[tuple[str, int, int], bool] = {}  # (kind, least cores, gpus) -> no node fits
+        self._shapes: str | None = None  # what the nodes have, for CannotPlace (None: not said since the last read)
         self._queues: dict[str, deque[_Waiter]] = {}  # kind key -> waiters, oldest first
         self._seq = 0
 
@@ -276,6 +277,7 @@ class NodeBook:
         if not gone and not new:
             return
         self._never.clear()
+        self._shapes = None
         if len(gone) + len(new) > 64 or not before:  # many changed (the first read): index them afresh
             by_kind: dict[str, list[str]] = {}
             for nid in sorted(now):
@@ -331,12 +333,12 @@ class NodeBook:
                     never = self._never[key] = not any(need.matches(have[nid]) for nid in self._candidates(need))
                 if not never:
                     return None
-                listed = list(have.values())
-            else:
-                if any(need.matches(n) for n in nodes):
-                    return None
-                listed = nodes
-        return f"no node can ever hold {need}; nodes: {_shapes(listed) or 'none'}"
+                if self._shapes is None:  # what the nodes have, said once an inventory
+                    self._shapes = _shapes(have.values())
+                return f"no node can ever hold {need}; nodes: {self._shapes or 'none'}"
+            if any(need.matches(n) for n in nodes):
+                return None
+        return f"no node can ever hold {need}; nodes: {_shapes(nodes) or 'none'}"
 
     def capacity(self, needs: list[Need]) -> int:
         """How many of these trials the cluster could hold at once (at least 1); reads the inventory afresh."""
