@@ -68,9 +68,9 @@ def test_the_estimate_is_the_reference_field_for_field(stat):
 @pytest.mark.parametrize("windows", [
     {1: [[0.3]], 2: [[0.2]]},                                         # no word read at all
     {1: [[0.3], [0.4]], 2: [[0.2]], 4: [[0.2], [0.1], [0.3]]},        # window picks only
-    {1: [[0.3], [0.4, 0.5]], 2: [[0.2] * 5]},                         # a one-request window beside a longer one
-    {3: [[0.5] * 10, [0.5] * 10]},                                    # one count, every request the same
-], ids=["one-request-windows", "picks-only", "one-and-two", "one-count"])
+    {1: [[0.3], [0.22, 0.26]], 2: [[0.25, 0.24, 0.26, 0.25, 0.23]]},  # a one-request window beside a longer one
+    {2: [[0.5] * 5 + [0.7] * 5, [0.6] * 10], 3: [[0.55] * 10, [0.5] * 4 + [0.6] * 6]},  # ties everywhere
+], ids=["one-request-windows", "picks-only", "one-and-two", "ties"])
 def test_windows_of_one_request_and_ties_draw_as_the_reference(windows):
     for stat in ("p50", "p90"):
         for seed in range(5):
