@@ -54,7 +54,10 @@ configurations first appear. Configurations are searched side by side, each on a
 after another. One at a time, a search used one node of a cluster of any size: in ``benchmarks/scale_sim.py``
 4 configurations ran 86-103 trials an hour at 8 and at 64 nodes alike. Trials never
 chosen stay ``PENDING``, they are not failures; once every search has ended, ``on_sweep_end`` gets the plan
-of the trials the searches ran (so the tracker calls the sweep complete), after an interrupt the whole plan.
+of the trials the searches ran (so the tracker calls the sweep complete), after an interrupt the whole plan. Searches run side by side take their knee estimates (a 1000-draw bootstrap,
+milliseconds of CPU each) from an :class:`~orchestrator.control.search.EstimatorPool` of ``estimate_workers``
+processes held for the search's duration, so the driver's GIL and core stay free for the lanes; the estimate
+is the same function of the same windows and seed, so the search decides as it would in the lane's thread.
 
 An interrupt (Ctrl-C, or SIGTERM turned into one by the cli) still ends the sweep for the
 observers: the lanes are told to stop (``executor.cancel()`` ends what is in flight) and
@@ -72,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -79,8 +83,17 @@ from collections.abc import Callable, Iterable, Mapping
 from queue import SimpleQueue
 from typing import Any, Literal, Protocol
 
-from orchestrator.control.search import ConfigSearch, Outcome, SearchTrial, configurations, from_result
+from orchestrator.control.search import (
+    ConfigSearch,
+    EstimatorPool,
+    KneeEstimator,
+    Outcome,
+    SearchTrial,
+    configurations,
+    from_result,
+)
 from orchestrator.control.trial import Trial, TrialState
+from orchestrator.observe.analysis.knee import estimate_knee
 from orchestrator.plan.expand import chains
 from orchestrator.values.callbacks import Callback, CallbackList
 from orchestrator.values.results import ErrorKind, TrialResult
@@ -253,7 +266,8 @@ class SweepController:
                  on_progress: Callable[[Trial, TrialSpec, TrialResult | None], None] | None = None,
                  on_phase: PhaseHook | None = None, lane_grace_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
-                 history: Callable[[], Mapping[str, SearchTrial]] = dict) -> None:
+                 history: Callable[[], Mapping[str, SearchTrial]] = dict,
+                 estimate_workers: int | None = None) -> None:
         self.plan = plan
         self.executor = executor
         self.observers = CallbackList(observers)
@@ -265,6 +279,9 @@ class SweepController:
         self.lane_grace_s = lane_grace_s  # after an interrupt: how long run() waits for the lanes to return
         self.clock = clock  # for write_s and write_wait_s
         self.history = history  # a knee search's finished trials of earlier runs (see the module docstring)
+        # Worker processes for the knee estimates of searches run side by side (one lane: in the lane's thread).
+        self.estimate_workers = estimate_workers if estimate_workers is not None else \
+            max(1, min(4, (os.cpu_count() or 2) - 1))
         self.outcomes: list[Outcome] = []  # how each configuration's knee search ended
         self.trials = {t.trial_id: Trial(t.trial_id) for t in plan.trials}
         self.lanes_used = 0
@@ -452,8 +469,10 @@ class SweepController:
         ended: dict[str, tuple[Outcome, set[str]]] = {}  # configuration's first trial -> how its search ended, its trials
         ended_lock = threading.Lock()
 
+        estimator: KneeEstimator = estimate_knee
+
         def search_one(group: list[TrialSpec], lane: Lane, keep: Callable[[TrialResult], None]) -> bool:
-            search = ConfigSearch(group, self.plan.spec)
+            search = ConfigSearch(group, self.plan.spec, estimator=estimator)
             # A finished trial whose history could not be read counts as run, without a window.
             done = [history.get(t.trial_id) or SearchTrial(t.trial_id, t.cores, completed=False)
                     for t in group if t.trial_id in done_before]
@@ -480,8 +499,10 @@ class SweepController:
             if self.lanes_used <= 1:
                 for group in groups:
                     search_one(group, self.executor, results.append)
-            else:
-                self._run_lanes(groups, lanes, results, run=search_one)
+            else:  # searches side by side: their estimates in worker processes, off the driver's GIL and core
+                with EstimatorPool(workers=self.estimate_workers) as pool:
+                    estimator = pool
+                    self._run_lanes(groups, lanes, results, run=search_one)
         finally:  # in the configurations' order, however the lanes finished (an interrupt: those that ended)
             self.outcomes = [ended[g[0].trial_id][0] for g in groups if g[0].trial_id in ended]
         ran = set().union(*(trials for _, trials in ended.values()))
