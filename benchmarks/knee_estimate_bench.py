@@ -10,6 +10,9 @@ States a knee search passes through, built from the real windows of the committe
 - *pool*: ``search.EstimatorPool(workers=1)``: the calling thread's CPU, the driver process's CPU (its threads
   that send the windows and read the answer back included, the worker's not) and the wall time, per estimate.
 
+A last row times what a search result costs the driver with the pool: ``ConfigSearch.choose`` over every
+window of the grid (21 finished trials: the windows gathered, the estimate, the decision), per call.
+
 Every bulk and pool estimate is checked equal to the reference's (all fields) on the states' first seeds.
 
 Usage: ``python benchmarks/knee_estimate_bench.py [--seeds N] [--reference-seeds M] [records.parquet]``
@@ -26,9 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.control.search import EstimatorPool
+from orchestrator.control.search import ConfigSearch, EstimatorPool, SearchTrial
 from orchestrator.observe.analysis.knee import KneeEstimate, _estimate_knee_reference, estimate_knee
-from orchestrator.observe.report.tables import ttft_values
+from orchestrator.observe.report.tables import ReportOptions, ttft_values
+from orchestrator.plan.expand import expand
+from orchestrator.plan.load import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "h200" / "dense" / "records.parquet"
@@ -69,6 +74,23 @@ def timed(estimate: Callable[..., KneeEstimate], windows: Windows, seeds: range)
             (time.perf_counter() - w0) / n * 1e3)
 
 
+def choose_cost(real: Windows, pool: EstimatorPool, calls: int) -> tuple[float, float, float]:
+    """``ConfigSearch.choose`` over every real window with ``pool`` as its estimator: per call, the calling
+    thread's CPU, the process's CPU and the wall (ms)."""
+    plan = expand(parse_spec({
+        "name": "bench", "models": [{"name": "tiny", "shape": "tiny-llama"}],
+        "workloads": [{"name": "w", "kind": "agentic", "sessions": 1, "turns": 1}],
+        "grid": {"cores": sorted(real)}, "repeats": {"max": 3}, "search": "knee"}))
+    done = [SearchTrial(t.trial_id, t.cores, True, tuple(real[t.cores][t.repeat]), 0.0, 80.0) for t in plan.trials]
+    search = ConfigSearch(list(plan.trials), plan.spec, ReportOptions(), estimator=pool)
+    search.choose(done)
+    t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
+    for _ in range(calls):
+        search.choose(done)
+    return ((time.thread_time() - t0) / calls * 1e3, (time.process_time() - p0) / calls * 1e3,
+            (time.perf_counter() - w0) / calls * 1e3)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("records", nargs="?", type=Path, default=RECORDS)
@@ -91,6 +113,9 @@ def main() -> None:
             assert bulk[:k] == ref and pooled[:k] == ref and pooled == bulk, name
             print(f"| {name} | {ref_cpu:.1f} | {bulk_cpu:.2f} | {pool_cpu:.2f} | {pool_proc:.2f} | {pool_wall:.1f} | "
                   f"{bulk_wall:.1f} |")
+        thread, process, wall = choose_cost(real, pool, a.seeds)
+        print(f"| `ConfigSearch.choose`, 7 counts x 3 windows, with the pool | | | {thread:.2f} | {process:.2f} | "
+              f"{wall:.1f} | |")
 
 
 if __name__ == "__main__":

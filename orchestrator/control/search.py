@@ -189,6 +189,7 @@ class ConfigSearch:
         if len(keys) != 1:
             raise ValueError(f"the candidates span {len(keys)} configurations")
         self.candidates = sorted(candidates, key=lambda t: (t.cores, t.repeat))
+        self._ids = [t.trial_id for t in self.candidates]  # a trial id is a hash of the spec: computed once here
         self.grid = sorted({t.cores for t in candidates})
         self.key = keys.pop()
         self.label = " / ".join(self.key)
@@ -213,7 +214,7 @@ class ConfigSearch:
 
     def choose(self, done: Sequence[SearchTrial]) -> Choice:
         """The next trial from everything ``done`` so far (this configuration's finished trials, any order)."""
-        mine = {t.trial_id for t in self.candidates}
+        mine = set(self._ids)
         done = [t for t in done if t.trial_id in mine]
         est = self.estimate(done)
         measured: dict[int, int] = {}
@@ -229,7 +230,7 @@ class ConfigSearch:
         if spent is not None:
             return Choice(None, None, spent, est)
         ran = {t.trial_id for t in done}
-        left = [t for t in self.candidates if t.cores == decision.cores and t.trial_id not in ran]
+        left = [t for t, tid in zip(self.candidates, self._ids) if t.cores == decision.cores and tid not in ran]
         if not left:
             return Choice(None, None, Stop.NO_TRIAL_LEFT, est)
         return Choice(left[0], decision.reason, None, est)
