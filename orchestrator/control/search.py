@@ -21,6 +21,7 @@ import math
 import multiprocessing
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -144,7 +145,8 @@ class EstimatorPool:
     The workers start on entering ('spawn': the driver has threads, so no fork) and on leaving the pool is shut
     down and every worker joined (queued estimates cancelled), so none outlives the block. Several threads may
     call it at once; up to ``workers`` estimates run side by side. A worker's estimate is the in-process one:
-    the same function of the same windows and seed."""
+    the same function of the same windows and seed; so where the workers are gone (one was killed: the pool is
+    broken), the estimate is made in the calling thread instead."""
 
     def __init__(self, workers: int = 1) -> None:
         if workers < 1:
@@ -172,8 +174,11 @@ class EstimatorPool:
                  n_boot: int, seed: int) -> KneeEstimate:
         if self._pool is None:
             raise RuntimeError("the estimator pool is not open (use it as a context manager)")
-        return self._pool.submit(estimate_knee, dict(windows), stat=stat, tolerance=tolerance, level=level,
-                                 n_boot=n_boot, seed=seed).result()
+        kw: dict[str, Any] = {"stat": stat, "tolerance": tolerance, "level": level, "n_boot": n_boot, "seed": seed}
+        try:
+            return self._pool.submit(estimate_knee, dict(windows), **kw).result()
+        except BrokenProcessPool:
+            return estimate_knee(windows, **kw)
 
 
 class ConfigSearch:

@@ -5,6 +5,8 @@ pool leaves no process behind."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -59,3 +61,13 @@ def test_an_estimator_pool_decides_as_the_lanes_thread_and_leaves_no_process_beh
         pool({1: [np.ones(3)]}, stat="p90", tolerance=0.1, level=0.9, n_boot=10, seed=0)
     with pytest.raises(ValueError, match="workers"):
         EstimatorPool(workers=0)
+
+
+def test_a_pool_whose_worker_was_killed_estimates_in_the_calling_thread():
+    windows = {1: [np.linspace(0.5, 0.9, 50)], 2: [np.linspace(0.3, 0.5, 50)]}
+    kw = {"stat": "p90", "tolerance": 0.1, "level": 0.9, "n_boot": 50, "seed": 3}
+    with EstimatorPool() as pool:
+        want = pool(windows, **kw)
+        [pid] = pool._pool._processes                            # the one worker, started by the first estimate
+        os.kill(pid, signal.SIGKILL)
+        assert pool(windows, **kw) == want                       # the pool is broken: the same, in this thread
