@@ -189,13 +189,17 @@ def classify(title: str, serving_env: bool = False) -> Role | None:
     return None
 
 
-SERVE_ROLES = ("serve_controller", "serve_proxy", "serve_ingress", "serve_llm_server", "serve_ray")
+SERVE_ROLES = ("serve_controller", "serve_proxy", "serve_ingress", "serve_llm_server", "serve_vllm_worker", "serve_ray")
+# vLLM's GPU worker under Serve LLM: vLLM's Ray executor runs the model in a Ray actor of its own (the engine core
+# then hands it every step through shared memory), where `vllm serve` at TP=1 runs it inside the engine core.
+VLLM_RAY_WORKERS = ("ray::RayWorkerProc", "ray::RayWorkerWrapper")  # vLLM 0.26 (seen on the H200), older vLLM
 
 
 def serve_role(title: str) -> str | None:
     """Which of Serve's processes a title names, finer than :func:`classify`: ``serve_controller``
     (``ray::ServeController``), ``serve_proxy`` (``ray::ProxyActor``), ``serve_ingress`` (the OpenAI ingress
-    replica), ``serve_llm_server`` (the LLMServer replica: vLLM's OpenAI serving layer and engine client);
+    replica), ``serve_llm_server`` (the LLMServer replica: vLLM's OpenAI serving layer and engine client),
+    ``serve_vllm_worker`` (vLLM's GPU worker, a Ray actor of vLLM's Ray executor: ``VLLM_RAY_WORKERS``);
     None for any other title (vLLM's engine core, Ray's GCS, raylet, agents, idle workers). The method a
     worker runs at the moment, and anything after the title's first word (an argv read as one string),
     never change the answer."""
@@ -204,7 +208,10 @@ def serve_role(title: str) -> str | None:
     if t.startswith("ray::ServeReplica:"):
         deployment = t.split(":", 4)[-1] if t.count(":") >= 4 else ""
         return "serve_llm_server" if deployment.startswith(SERVER_PREFIX) else "serve_ingress"
-    return {"ray::ServeController": "serve_controller", "ray::ProxyActor": "serve_proxy"}.get(process_name(t))
+    name = process_name(t)
+    if name in VLLM_RAY_WORKERS:
+        return "serve_vllm_worker"
+    return {"ray::ServeController": "serve_controller", "ray::ProxyActor": "serve_proxy"}.get(name)
 
 
 def process_sets(procs: Mapping[int, tuple[int, str, bool]]) -> dict[Role, list[int]]:
@@ -441,5 +448,5 @@ def _teardown(spec: dict[str, Any], status: Status, started: dict[str, bool]) ->
 
 
 
-__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "SERVE_ROLES", "Role", "app_classes", "build_app", "classify", "engine_kwargs", "process_name", "replica_names",
+__all__ = ["APP_NAME", "CGROUP_ENV", "CPUS_ENV", "HOOK", "SERVE_ROLES", "VLLM_RAY_WORKERS", "Role", "app_classes", "build_app", "classify", "engine_kwargs", "process_name", "replica_names",
            "host_spec", "llm_config", "main", "parse_cli_args", "pin_worker", "placement_bundles", "process_sets", "roots", "serve_role"]

@@ -22,11 +22,13 @@ CPU time but in no category; ``stacks_coverage_<role>`` (:func:`coverage`) says 
 A Ray Serve LLM replica (``server.stack: ray-serve``) is one tree too, whose processes the role accounting
 knows only as vLLM's: its engine core, the serve host at the root, the rest ``other``. Here Serve's processes
 are named by their titles (:func:`~orchestrator.node.serve_host.serve_role`): ``serve_controller``,
-``serve_proxy``, ``serve_ingress``, ``serve_llm_server`` (vLLM's OpenAI layer inside Serve), and
-``serve_ray`` for the rest that is neither vLLM's engine core nor its workers (Ray's GCS, raylet, agents,
-idle workers, the host, the watchdog). The stacks' categories use those roles, and every window of such a
-tree records ``cpu_s_<role>`` (and ``cpu_s_per_req_<role>``, ``<role>_processes``) for them from the
-kernel's CPU time of each process over the span, whether or not py-spy sampled them (or ran at all).
+``serve_proxy``, ``serve_ingress``, ``serve_llm_server`` (vLLM's OpenAI layer inside Serve),
+``serve_vllm_worker`` (vLLM's GPU worker, a Ray actor under Serve, where ``vllm serve`` at TP=1 runs the model
+inside its engine core), and ``serve_ray`` for the rest that is neither vLLM's engine core nor its workers
+(Ray's GCS, raylet, agents, idle workers, the host, the watchdog). The stacks' categories use those roles,
+and every window of such a tree records ``cpu_s_<role>`` (and ``cpu_s_per_req_<role>``, ``<role>_processes``)
+for them from the kernel's CPU time of each process over the span, whether or not py-spy sampled them (or
+ran at all).
 
 py-spy runs as a child of the caller and inherits its affinity: start it after the caller has
 moved onto the client's cores, never from the replica's. Nothing here raises: py-spy missing, not

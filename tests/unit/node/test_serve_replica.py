@@ -228,7 +228,9 @@ def test_serve_role_names_each_of_serves_processes_apart() -> None:
              "ray::ServeReplica:trial:OpenAiIngress.handle_request_streaming": "serve_ingress",
              "ray::ServeReplica:trial:LLMServer:llama-3.1-8b": "serve_llm_server",
              "ray::ServeReplica:trial:LLMServer:m.v2.handle_request": "serve_llm_server",
-             "ray::ServeReplica:trial:LLMServer:tiny   ": "serve_llm_server"}
+             "ray::ServeReplica:trial:LLMServer:tiny   ": "serve_llm_server",
+             "ray::RayWorkerProc": "serve_vllm_worker", "ray::RayWorkerProc.run": "serve_vllm_worker",
+             "ray::RayWorkerWrapper.execute_method": "serve_vllm_worker"}
     for title, role in named.items():
         assert serve_role(title) == role, title
     for title in ("VLLM::EngineCore", "ray::IDLE", "ray::DashboardAgent", "/x/gcs_server --flag", "",

@@ -117,25 +117,29 @@ def test_py_spy_that_cannot_attach_is_a_status(tmp_path: Path) -> None:
     assert w.metrics() == {}
 
 
-# A Ray Serve LLM tree as the accounting sees it: the serve host (root) as api_server, vLLM's engine core, the rest other.
+# A Ray Serve LLM tree as the accounting sees it: the serve host (root) as api_server, vLLM's engine core,
+# the rest other.
 SERVE_TITLES = {10: "python -c import sys", 11: "/site/ray/core/src/ray/gcs/gcs_server --x", 12: "ray::ServeController",
                 13: "ray::ProxyActor", 14: "ray::ServeReplica:trial:OpenAiIngress.handle_request",
-                15: "ray::ServeReplica:trial:LLMServer:llama-3.1-8b", 16: "VLLM::EngineCore", 17: "ray::IDLE"}
+                15: "ray::ServeReplica:trial:LLMServer:llama-3.1-8b", 16: "VLLM::EngineCore", 17: "ray::IDLE",
+                18: "ray::RayWorkerProc.run"}
 SERVE_ACCOUNTED = {10: "api_server", 11: "other", 12: "other", 13: "other", 14: "other", 15: "other",
-                   16: "engine_core", 17: "other"}
-SERVE_CPU = {10: 0.1, 11: 0.2, 12: 0.3, 13: 0.8, 14: 1.2, 15: 2.0, 16: 4.0, 17: 0.0}
+                   16: "engine_core", 17: "other", 18: "other"}
+SERVE_CPU = {10: 0.1, 11: 0.2, 12: 0.3, 13: 0.8, 14: 1.2, 15: 2.0, 16: 4.0, 17: 0.0, 18: 3.0}
 
 
 def test_a_serve_tree_gets_serves_roles_and_a_vllm_tree_keeps_its_own() -> None:
     roles = serve_roles(SERVE_ACCOUNTED, SERVE_TITLES)
     assert roles == {10: "serve_ray", 11: "serve_ray", 12: "serve_controller", 13: "serve_proxy", 14: "serve_ingress",
-                     15: "serve_llm_server", 16: "engine_core", 17: "serve_ray"}
+                     15: "serve_llm_server", 16: "engine_core", 17: "serve_ray", 18: "serve_vllm_worker"}
     vllm = {10: "api_server", 11: "engine_core", 12: "other"}
     assert serve_roles(vllm, {10: "vllm serve /m", 11: "VLLM::EngineCore", 12: "python -m watchdog"}) == vllm
     m = serve_cpu_metrics(roles, SERVE_CPU, requests=4)
     assert m["cpu_s_serve_proxy"] == pytest.approx(0.8) and m["cpu_s_per_req_serve_ingress"] == pytest.approx(0.3)
     assert m["cpu_s_serve_ray"] == pytest.approx(0.3) and m["serve_ray_processes"] == 3
-    assert m["cpu_s_serve_llm_server"] == pytest.approx(2.0) and m["cpu_s_per_req_serve_controller"] == pytest.approx(0.075)
+    assert m["cpu_s_serve_llm_server"] == pytest.approx(2.0)
+    assert m["cpu_s_per_req_serve_controller"] == pytest.approx(0.075)
+    assert m["cpu_s_serve_vllm_worker"] == pytest.approx(3.0) and m["serve_vllm_worker_processes"] == 1
     assert "cpu_s_engine_core" not in m  # the accounting's own figure stands
     assert serve_cpu_metrics(vllm, {10: 1.0}, 4) == {}
 
@@ -171,6 +175,7 @@ def test_serve_stacks_are_categorised_under_serves_roles(tmp_path: Path) -> None
         time.sleep(0.02)
     acc = RoleWindow(roles={}, pid_roles=SERVE_ACCOUNTED, runq_available=True, process_cpu_s=SERVE_CPU)
     m = s.stop(acc).metrics(requests=2)
-    assert m["stacks_cpu_s_serve_proxy"] == pytest.approx(0.8) and m["stacks_cpu_s_serve_llm_server"] == pytest.approx(2.0)
+    assert m["stacks_cpu_s_serve_proxy"] == pytest.approx(0.8)
+    assert m["stacks_cpu_s_serve_llm_server"] == pytest.approx(2.0)
     assert m["cpu_s_serve_proxy"] == pytest.approx(0.8)
     assert coverage(m, m)["stacks_coverage_serve_proxy"] == pytest.approx(1.0)
