@@ -83,6 +83,7 @@ def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 _WARNED: set[tuple[Kind, str]] = set()
+_DECLARED: set[tuple[Kind, str]] = set()  # keys the catalogue declares, as found
 
 
 def check_declared(payload: Mapping[str, Any], *, sweep: bool = False) -> list[str]:
@@ -92,7 +93,10 @@ def check_declared(payload: Mapping[str, Any], *, sweep: bool = False) -> list[s
         ((Kind.METRIC, "metrics"), (Kind.PARAM, "params"), (Kind.TAG, "tags"))
     out = []
     for kind, field in kinds:
-        for key in figures.undeclared(payload.get(field) or {}, kind):
+        keys = [k for k in payload.get(field) or {} if (kind, k) not in _DECLARED]
+        missing = figures.undeclared(keys, kind)
+        _DECLARED.update((kind, k) for k in keys if k not in missing)  # each key is looked up once per process
+        for key in missing:
             out.append(f"{kind.value} {key}")
             if (kind, key) not in _WARNED:
                 _WARNED.add((kind, key))
@@ -289,8 +293,10 @@ def put(outbox_dir: Path, sweep: Mapping[str, Any] | None, trial: TrialSpec, res
     payload = trial_payload(trial, result, git_commit=git_commit)
     if sweep is not None:
         write_sweep(outbox_dir, sweep)
-    staged = stage_trial(outbox_dir, payload, records=records_frame(result.records),
-                         telemetry=telemetry_frame(result.telemetry), artifacts_dir=result.artifacts_dir)
+    # No frame for what is empty (a failed trial, a simulated one): building an empty frame costs more than the rest.
+    staged = stage_trial(outbox_dir, payload, records=records_frame(result.records) if result.records else None,
+                         telemetry=telemetry_frame(result.telemetry) if result.telemetry else None,
+                         artifacts_dir=result.artifacts_dir)
     return OutboxEntry(commit(staged), payload)
 
 
