@@ -79,8 +79,8 @@ def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
     frame["token_ns"] = [list(r["token_ns"]) for r in rows]
     for col in _INT_COLUMNS:
         frame[col] = frame[col].astype("int64")
-    for col in _NULLABLE_INT_COLUMNS:
-        frame[col] = frame[col].astype("Int64")
+    for col in _NULLABLE_INT_COLUMNS:  # from the values themselves: through float64 a None made ns timestamps inexact
+        frame[col] = pd.array([r[col] for r in rows], dtype="Int64")
     for col in ("request_id", "session_id", "status"):
         frame[col] = frame[col].astype("string")
     for col in ("error", "response_schema"):

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -30,7 +33,6 @@ import numpy as np
 
 from orchestrator.observe import stats
 from orchestrator.observe.analysis.knee import KneeEstimate, estimate_knee
-from orchestrator.observe.outbox import records_frame
 from orchestrator.observe.report.comparison import CONFIG, SEARCH_PARAMS, TIMEOUT_MAJORITY
 from orchestrator.observe.report.tables import ReportOptions, ttft_values
 from orchestrator.plan.knee_search import Reason, Stop, budget_stop, gpu_seconds, next_cores
@@ -56,8 +58,11 @@ class SearchTrial:
 
 
 def from_result(spec: TrialSpec, result: TrialResult) -> SearchTrial:
-    """This run's trial as the search reads it; TTFTs as the report reads them (``tables.ttft_values``)."""
-    ttfts = tuple(float(x) for x in ttft_values(records_frame(result.records))) if result.records else ()
+    """This run's trial as the search reads it; TTFTs as the report reads them (``tables.ttft_values``: ok requests
+    with a first token, ``(first_token_ns - sent_ns) / 1e9``), read off the records without a frame (a frame of a
+    window's records cost milliseconds of the driver's CPU a result)."""
+    ttfts = tuple((r.first_token_ns - r.sent_ns) / 1e9 for r in result.records
+                  if r.status == "ok" and r.first_token_ns is not None)
     rate = result.metrics.get("timeout_rate", 0.0)
     return SearchTrial(spec.trial_id, spec.cores, result.ok, ttfts, float(rate) if math.isfinite(rate) else 0.0,
                        gpu_seconds(result.started_at, result.ended_at, spec.gpus))
@@ -157,7 +162,8 @@ class EstimatorPool:
     def __enter__(self) -> EstimatorPool:
         if self._pool is not None:
             raise RuntimeError("the estimator pool is already open")
-        self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_end_with_parent, initargs=(os.getpid(),))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -179,6 +185,18 @@ class EstimatorPool:
             return self._pool.submit(estimate_knee, dict(windows), **kw).result()
         except BrokenProcessPool:
             return estimate_knee(windows, **kw)
+
+
+def _end_with_parent(parent: int) -> None:
+    """In a pool worker: exit once the driver that started it is gone, however it died (a SIGKILLed driver runs no
+    shutdown, and its workers would wait on their queue for ever): a daemon thread looks at the parent every second."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class ConfigSearch:
