@@ -13,12 +13,13 @@ tracker's uploaders remove entries): every file is written under a name of its o
 into place, an entry folder appears whole by one rename, and a reader skips an entry that is
 removed while it looks (:func:`load` gives None).
 
-Layout (dot-prefixed names are in-progress writes and are ignored by readers)::
+Layout (dot-prefixed names are in-progress writes and claimed entries, ignored by readers)::
 
     <outbox>/<sweep>/sweep.json              # experiment, parent params/tags, plan rows, spec (+ its YAML)
     <outbox>/<sweep>/sweep_end.json          # the sweep ended while MLflow was unreachable
     <outbox>/<sweep>/trials/<ns>-<trial_id>/ # one folder per trial result, oldest first
         result.json  records.parquet  telemetry.parquet  artifacts/...
+    <outbox>/<sweep>/trials/.claimed-<pid>-<ns>-<trial_id>/  # being uploaded by process <pid> (:func:`claim`)
 """
 
 from __future__ import annotations
@@ -324,6 +325,65 @@ def discard(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+_CLAIM = ".claimed-"
+
+
+def claim(path: Path) -> Path | None:
+    """Take an entry for upload: renamed (atomically) to a hidden ``.claimed-<pid>-<name>``, so no other uploader,
+    in this process or another (``orchestrator sync`` beside a running sweep), sees or takes it. None when it is
+    gone (another uploader took it). Give it back with :func:`unclaim`, or :func:`discard` it once uploaded; the
+    claims of a process that died are given back by :func:`reclaim`."""
+    claimed = path.with_name(f"{_CLAIM}{os.getpid()}-{path.name}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    return claimed
+
+
+def unclaim(claimed: Path) -> Path:
+    """A claimed entry back under its own name (its upload failed: it waits again)."""
+    path = claimed.with_name(claimed.name.split("-", 2)[2])
+    os.rename(claimed, path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim(outbox_dir: Path, sweep: str | None = None) -> int:
+    """Give back the entries that a process which is gone (a SIGKILLed driver) had claimed for upload: they wait
+    again under their own names. Returns how many."""
+    root = Path(outbox_dir)
+    if not root.is_dir():
+        return 0
+    dirs = [_sweep_dir(root, sweep)] if sweep is not None else [d for d in root.iterdir() if d.is_dir()]
+    back = 0
+    for d in dirs:
+        try:
+            names = os.listdir(d / "trials")
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for n in names:
+            if not n.startswith(_CLAIM):
+                continue
+            pid = n.split("-", 2)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                try:
+                    unclaim(d / "trials" / n)
+                    back += 1
+                except OSError:
+                    continue  # another process gave it back first
+    return back
+
+
 def write_sweep(outbox_dir: Path, sweep: Mapping[str, Any]) -> Path:
     """Store (or refresh) the sweep's parent-run payload, so a later sync can create the parent."""
     d = _sweep_dir(outbox_dir, sweep["sweep"])
@@ -412,7 +472,8 @@ def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:
     return True
 
 
-__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "clear_sweep_end", "commit", "discard", "entry_paths",
+__all__ = ["FORMAT_VERSION", "OutboxEntry", "check_declared", "claim", "clear_sweep_end", "commit", "discard", "entry_paths",
            "finite_metrics", "has_sweep", "load", "pending", "put", "read_sweep", "read_sweep_end", "records_frame",
            "remove_sweep_if_empty", "run_name", "safe_key", "stage_trial", "sweep_payload", "sweeps",
-           "telemetry_frame", "trial_id_of", "trial_params", "trial_payload", "write_sweep", "write_sweep_end"]
+           "reclaim", "telemetry_frame", "trial_id_of", "trial_params", "trial_payload", "unclaim", "write_sweep",
+           "write_sweep_end"]

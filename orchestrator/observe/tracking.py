@@ -533,6 +533,25 @@ class UploadPool:
             self._cond.notify_all()
 
 
+def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, path: Path, *,
+                 max_series_points: int = 1000, runs: TrialRuns | None = None) -> bool:
+    """One outbox entry up (:func:`upload_trial`) and out of the outbox; False when it made no run (gone, or MLflow
+    had it already). The entry is claimed first (``outbox.claim``), so no other uploader takes it meanwhile; if the
+    upload raises, it is given back and waits again."""
+    claimed = outbox.claim(path)
+    if claimed is None:
+        return False  # another uploader took it
+    try:
+        entry = outbox.load(claimed)
+        run_id = None if entry is None else upload_trial(
+            client, experiment_id, parent_run_id, entry, max_series_points=max_series_points, runs=runs)
+    except BaseException:
+        outbox.unclaim(claimed)
+        raise
+    outbox.discard(claimed)
+    return run_id is not None
+
+
 def drain(client: MlflowClient, experiment_id: str, parent_run_id: str, outbox_dir: Path, sweep: str, *,
           max_series_points: int = 1000, threads: int = 1, runs: TrialRuns | None = None) -> int:
     """Upload each pending entry of ``sweep`` (:func:`upload_trial`, on ``threads`` threads at once: an
@@ -542,13 +561,8 @@ def drain(client: MlflowClient, experiment_id: str, parent_run_id: str, outbox_d
     uri = client._tracking_client.tracking_uri
 
     def upload(path: Path) -> bool:
-        entry = outbox.load(path)
-        if entry is None:
-            return False  # removed meanwhile
-        run_id = upload_trial(client, experiment_id, parent_run_id, entry, max_series_points=max_series_points,
-                              runs=runs)
-        outbox.discard(path)
-        return run_id is not None
+        return upload_entry(client, experiment_id, parent_run_id, path, max_series_points=max_series_points,
+                            runs=runs)
 
     pool = UploadPool(upload, threads=threads, reachable=lambda: mlflow_server_ok(uri), describe=f"MLflow at {uri}")
     try:
@@ -674,19 +688,15 @@ class MlflowTracker(Callback):
 
     def _upload(self, path: Path) -> bool:
         """One entry to MLflow, then out of the outbox (an upload thread of the pool); False when it made no run."""
-        entry = outbox.load(path)
-        if entry is None:
-            return False  # removed meanwhile (a sync in another process)
         with self._lock:
             exp_id, parent = self._attach(reopen=True)
             runs = self._runs
-        run_id = upload_trial(self.client, exp_id, parent, entry, max_series_points=self.max_series_points,
-                              runs=runs)
-        outbox.discard(path)
-        return run_id is not None
+        return upload_entry(self.client, exp_id, parent, path, max_series_points=self.max_series_points, runs=runs)
 
     def _queue_backlog(self, sweep: str) -> int:
-        """Every entry of ``sweep`` in the outbox into the pool (those of an earlier run, an outage); how many."""
+        """Every entry of ``sweep`` in the outbox into the pool (those of an earlier run, an outage, and those a
+        driver that died had claimed for upload); how many."""
+        outbox.reclaim(self.outbox_dir, sweep)
         paths = outbox.entry_paths(self.outbox_dir, sweep)
         if paths:
             pool = self._uploads()
@@ -837,6 +847,7 @@ class MlflowTracker(Callback):
         With the server unreachable this warns and returns the outbox part only: the sweep then
         re-runs trials, and the upload later drops results of trials already FINISHED there.
         """
+        outbox.reclaim(self.outbox_dir, sweep)  # what a driver that died was uploading waits again
         local = {e.trial_id for e in outbox.pending(self.outbox_dir, sweep) if e.payload["status"] == "FINISHED"}
         if not self._up():
             log.warning("MLflow at %s is unreachable: resume sees only the outbox (%d finished)",
@@ -872,6 +883,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
         return 0, left
     client = client or MlflowClient(tracking_uri)
     uploaded = 0
+    outbox.reclaim(outbox_dir)  # entries a driver that died was uploading
     for sweep in outbox.sweeps(outbox_dir):
         info = outbox.read_sweep(outbox_dir, sweep)
         assert info is not None
@@ -891,4 +903,4 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
 
 __all__ = ["Callback", "CallbackList", "MlflowTracker", "RunRef", "TrialRuns", "UploadPool", "drain", "ensure_parent",
            "git_commit", "log_batches", "log_report", "mlflow_server_ok", "parent_run", "sync_outbox", "trial_runs",
-           "upload_trial"]
+           "upload_entry", "upload_trial"]

@@ -90,8 +90,10 @@ def _server_home(tmp_path: Path) -> Path:
 
 
 def _entries(box: Path) -> list[Path]:
+    """The sweep's results in the outbox: waiting, or claimed by an upload (the killed driver's in flight)."""
     trials = box / "outbox-kill" / "trials"
-    return [trials / n for n in os.listdir(trials) if not n.startswith(".")] if trials.is_dir() else []
+    names = os.listdir(trials) if trials.is_dir() else []
+    return [trials / n for n in names if not n.startswith(".") or n.startswith(".claimed-")]
 
 
 def _driver(uri: str, box: Path, report: Path, log: Path, resume: bool) -> subprocess.Popen:
@@ -171,6 +173,7 @@ def _run_and_kill(home: Path, box: Path, log: Path, planned: set[str], tmp_path:
         t_killed = time.monotonic()
         assert not (tmp_path / "first.json").exists(), "the first driver finished its sweep before the kill"
         waiting = [e for p in _entries(box) if (e := outbox.load(p)) is not None]
+        claimed = sum(e.path.name.startswith(".claimed-") for e in waiting)  # uploads in flight at the kill
         assert len(waiting) >= KILL_AT
         outboxed = {e.trial_id: e.payload["upload_id"] for e in waiting}
         assert len(outboxed) == len(waiting), "a trial has two results in the outbox"
@@ -208,7 +211,7 @@ def _run_and_kill(home: Path, box: Path, log: Path, planned: set[str], tmp_path:
                                                  "tags.`orchestrator.kind` = 'sweep'")]
         assert [p.info.status for p in parents] == ["FINISHED"]
     print(f"\nMLflow stopped after {t_stopped - t_start:.1f} s; the driver killed with {len(waiting)} results in the "
-          f"outbox ({len(on_server)} FINISHED on the server, {len(half)} half uploads) {t_killed - t_stopped:.1f} s "
+          f"outbox ({claimed} of them claimed by uploads; {len(on_server)} FINISHED on the server, {len(half)} half uploads) {t_killed - t_stopped:.1f} s "
           f"later; the second driver ran {len(started)} trials and uploaded them and the {len(waiting)} outboxed "
           f"results in {t_end - t_killed:.1f} s")
 

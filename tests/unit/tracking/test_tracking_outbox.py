@@ -133,3 +133,31 @@ def test_outbox_orders_entries_and_filters_by_sweep(tmp_path: Path):
     assert sorted(outbox.sweeps(tmp_path)) == ["sweep-a", "sweep-b"]
     e = outbox.pending(tmp_path, "sweep-b")[0]
     assert e.file("records.parquet") is None and e.file("artifacts") is None   # a failed trial has none
+
+
+def test_a_claimed_entry_is_hidden_given_back_and_reclaimed_from_a_dead_process(tmp_path: Path):
+    import os
+    import subprocess
+
+    plan = _plan()
+    paths = []
+    for trial in plan.trials:
+        p = outbox.trial_payload(trial, TrialResult.failed(trial.trial_id, ErrorKind.NODE_DIED, "lost"))
+        paths.append(outbox.commit(outbox.stage_trial(tmp_path, p)))
+    claimed = outbox.claim(paths[0])
+    assert claimed is not None and claimed.name == f".claimed-{os.getpid()}-{paths[0].name}"
+    assert outbox.entry_paths(tmp_path) == [paths[1]]          # no other uploader sees it
+    assert outbox.claim(paths[0]) is None                      # nor takes it
+    assert outbox.load(claimed).trial_id == plan.trials[0].trial_id
+    assert outbox.unclaim(claimed) == paths[0] and outbox.entry_paths(tmp_path) == paths
+    assert outbox.reclaim(tmp_path) == 0
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                                # a process that is gone (a killed driver)
+    dead = paths[0].with_name(f".claimed-{gone.pid}-{paths[0].name}")
+    os.rename(paths[0], dead)
+    alive = paths[1].with_name(f".claimed-{os.getppid()}-{paths[1].name}")  # a live process's claim stays
+    os.rename(paths[1], alive)
+    assert outbox.entry_paths(tmp_path) == []
+    assert outbox.reclaim(tmp_path, "unit-sweep") == 1
+    assert outbox.entry_paths(tmp_path) == [paths[0]] and alive.exists()
