@@ -430,9 +430,10 @@ def sweeps(outbox_dir: Path) -> list[str]:
     return out
 
 
-def entry_paths(outbox_dir: Path, sweep: str | None = None) -> list[Path]:
+def entry_paths(outbox_dir: Path, sweep: str | None = None, *, claimed: bool = False) -> list[Path]:
     """The committed trial entry folders, oldest first (optionally of one sweep), by their names alone: nothing
-    is opened, so listing a deep outbox costs one directory read per sweep."""
+    is opened, so listing a deep outbox costs one directory read per sweep. ``claimed``: with the entries being
+    uploaded (:func:`claim`) too."""
     root = Path(outbox_dir)
     if not root.is_dir():
         return []
@@ -443,7 +444,7 @@ def entry_paths(outbox_dir: Path, sweep: str | None = None) -> list[Path]:
             names = os.listdir(d / "trials")
         except (FileNotFoundError, NotADirectoryError):
             continue
-        paths += [d / "trials" / n for n in names if not n.startswith(".")]
+        paths += [d / "trials" / n for n in names if not n.startswith(".") or (claimed and n.startswith(_CLAIM))]
     return sorted(paths, key=lambda p: p.name)
 
 
@@ -455,9 +456,9 @@ def load(path: Path) -> OutboxEntry | None:
         return None
 
 
-def pending(outbox_dir: Path, sweep: str | None = None) -> list[OutboxEntry]:
-    """Committed trial entries, oldest first (optionally of one sweep)."""
-    return [e for p in entry_paths(outbox_dir, sweep) if (e := load(p)) is not None]
+def pending(outbox_dir: Path, sweep: str | None = None, *, claimed: bool = False) -> list[OutboxEntry]:
+    """Committed trial entries, oldest first (optionally of one sweep; ``claimed``: with those being uploaded)."""
+    return [e for p in entry_paths(outbox_dir, sweep, claimed=claimed) if (e := load(p)) is not None]
 
 
 def remove_sweep_if_empty(outbox_dir: Path, sweep: str) -> bool:

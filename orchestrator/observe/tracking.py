@@ -33,7 +33,9 @@ writer thread) hands the entry to the tracker's :class:`UploadPool` and returns 
 uploads the outbox's entries on a few threads at once (``uploaders``, 4 by default; one for a
 tracking URI that is not a server, whose local store takes one writer), oldest first, the entries of
 one trial one after another (its attempts keep their order), each entry once, and removes each
-only after MLflow has it. An upload that fails while the server does not answer puts the pool on
+only after MLflow has it. An upload first claims its entry (``outbox.claim``: a rename), so an
+``orchestrator sync`` beside a running sweep never uploads the same entry; the claims of a driver
+that died are given back when the sweep next starts or resumes, or at a sync. An upload that fails while the server does not answer puts the pool on
 hold: the entries stay, and it goes on by itself once ``/health`` answers again (checked every
 ``retry_s``); ``orchestrator sync`` uploads whatever a driver left. One upload is as few requests as
 MLflow's API allows: the run created with its tags, params and metrics packed into ``log_batch``
@@ -49,6 +51,7 @@ metrics and tags, and the report's artifacts are all written here.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
@@ -58,6 +61,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -534,11 +538,15 @@ class UploadPool:
 
 
 def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, path: Path, *,
-                 max_series_points: int = 1000, runs: TrialRuns | None = None) -> bool:
+                 max_series_points: int = 1000, runs: TrialRuns | None = None,
+                 claims: AbstractContextManager[Any] | None = None) -> bool:
     """One outbox entry up (:func:`upload_trial`) and out of the outbox; False when it made no run (gone, or MLflow
     had it already). The entry is claimed first (``outbox.claim``), so no other uploader takes it meanwhile; if the
-    upload raises, it is given back and waits again."""
-    claimed = outbox.claim(path)
+    upload raises, it is given back and waits again. ``claims``: a lock held while the entry is renamed, so a
+    reader holding it sees every entry under one name (:meth:`MlflowTracker.finished_trial_ids`)."""
+    claims = claims or contextlib.nullcontext()
+    with claims:
+        claimed = outbox.claim(path)
     if claimed is None:
         return False  # another uploader took it
     try:
@@ -546,7 +554,8 @@ def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, p
         run_id = None if entry is None else upload_trial(
             client, experiment_id, parent_run_id, entry, max_series_points=max_series_points, runs=runs)
     except BaseException:
-        outbox.unclaim(claimed)
+        with claims:
+            outbox.unclaim(claimed)
         raise
     outbox.discard(claimed)
     return run_id is not None
@@ -630,6 +639,7 @@ class MlflowTracker(Callback):
         # and not yet handed on); never held over I/O to MLflow, so persist_result never waits for MLflow.
         self._lock = threading.Lock()
         self._state = threading.Lock()
+        self._claims = threading.Lock()  # held while an upload renames its entry (see finished_trial_ids)
         self._sweep: dict[str, Any] | None = None
         self._sweep_on_disk: int | None = None  # id() of the sweep payload last written to sweep.json
         self._exp_id: str | None = None
@@ -691,12 +701,14 @@ class MlflowTracker(Callback):
         with self._lock:
             exp_id, parent = self._attach(reopen=True)
             runs = self._runs
-        return upload_entry(self.client, exp_id, parent, path, max_series_points=self.max_series_points, runs=runs)
+        return upload_entry(self.client, exp_id, parent, path, max_series_points=self.max_series_points, runs=runs,
+                            claims=self._claims)
 
     def _queue_backlog(self, sweep: str) -> int:
         """Every entry of ``sweep`` in the outbox into the pool (those of an earlier run, an outage, and those a
         driver that died had claimed for upload); how many."""
-        outbox.reclaim(self.outbox_dir, sweep)
+        with self._claims:
+            outbox.reclaim(self.outbox_dir, sweep)
         paths = outbox.entry_paths(self.outbox_dir, sweep)
         if paths:
             pool = self._uploads()
@@ -847,8 +859,13 @@ class MlflowTracker(Callback):
         With the server unreachable this warns and returns the outbox part only: the sweep then
         re-runs trials, and the upload later drops results of trials already FINISHED there.
         """
-        outbox.reclaim(self.outbox_dir, sweep)  # what a driver that died was uploading waits again
-        local = {e.trial_id for e in outbox.pending(self.outbox_dir, sweep) if e.payload["status"] == "FINISHED"}
+        # The outbox is read before MLflow is asked, with no upload renaming an entry meanwhile (the claims lock):
+        # an entry is either read here (waiting, or being uploaded by this process) or was removed after its run
+        # ended on the server, where the search below finds it. So a trial that is being uploaded is never missed.
+        with self._claims:
+            outbox.reclaim(self.outbox_dir, sweep)  # what a driver that died was uploading waits again
+            local = {e.trial_id for e in outbox.pending(self.outbox_dir, sweep, claimed=True)
+                     if e.payload["status"] == "FINISHED"}
         if not self._up():
             log.warning("MLflow at %s is unreachable: resume sees only the outbox (%d finished)",
                         self.tracking_uri, len(local))

@@ -275,3 +275,16 @@ def test_persist_result_never_waits_for_an_upload_and_on_trial_result_hands_it_o
     assert tracker.flush(10) is not None  # MLflow is unreachable: the results wait in the outbox
     tracker.close()
     assert tracker.finished_trial_ids(plan.spec.name) == set(results)
+
+
+def test_finished_trial_ids_counts_an_entry_while_it_is_being_uploaded(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    plan = _plan([1, 2])
+    box = tmp_path / "outbox"
+    sweep = outbox.sweep_payload(plan, experiment="e", git_commit=None, spec_yaml=None)
+    first, second = (outbox.put(box, sweep, t, _ok(t.trial_id)) for t in plan.trials)
+    assert outbox.claim(first.path) is not None  # an upload of this process has it in flight
+    tracker = MlflowTracker(f"http://127.0.0.1:{_closed_port()}", outbox_dir=box, health_timeout_s=0.2)
+    assert tracker.finished_trial_ids(plan.spec.name) == {first.trial_id, second.trial_id}
+    tracker.close()
