@@ -69,5 +69,5 @@ def test_a_pool_whose_worker_was_killed_estimates_in_the_calling_thread():
     with EstimatorPool() as pool:
         want = pool(windows, **kw)
         [pid] = pool._pool._processes                            # the one worker, started by the first estimate
-        os.kill(pid, signal.SIGKILL)
-        assert pool(windows, **kw) == want                       # the pool is broken: the same, in this thread
+        os.kill(pid, signal.SIGKILL)                             # killed (out of memory, say): the pool is broken
+        assert pool(windows, **kw) == want                       # the same estimate, made in this thread
