@@ -184,6 +184,14 @@ def load_payload(folder: Path, scratch: Path) -> Payload:
     return Payload(trial, result, folder)
 
 
+def _postmaster(state: Path) -> int | None:
+    """The PostgreSQL server's pid (``mlflow/postgres.sh`` keeps its data in ``<state>/data``)."""
+    try:
+        return int((state / "data" / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def reachable_dir(prefix: str) -> Path:
     """A temp folder; as root one that PostgreSQL's own user can reach (``mlflow/postgres.sh`` runs the server as
     another user there, and a private temp folder above it would stop that user)."""
@@ -235,6 +243,7 @@ def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, uploaders: 
     _hand(tracker, *payload.nth(sweep, 0))
     flush()
     go.wait()
+    cpu0 = time.process_time()  # this driver's CPU for the timed results: its share of the machine
     calls = []
     for i in range(1, n + 1):
         t0 = time.monotonic()
@@ -242,12 +251,29 @@ def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, uploaders: 
         calls.append((t0, time.monotonic()))
     trouble = flush()
     out.put({"sweep": sweep, "calls": calls, "end": time.monotonic(), "failed": len(outbox.pending(box)),
-             "trouble": trouble})
+             "trouble": trouble, "cpu_s": time.process_time() - cpu0})
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of the processes ``pids`` and their children."""
+    import psutil
+
+    from orchestrator.infra.local_servers import tree
+
+    total = 0.0
+    for p in {q for pid in pids for q in tree(pid)}:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return total
 
 
 def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, uploaders: int,
-         series_points: int = 1000) -> dict[str, Any]:
-    """``writers`` processes at once against the server at ``uri``; the cell's figures."""
+         series_points: int = 1000, server_pid: int | None = None, db_pid: int | None = None) -> dict[str, Any]:
+    """``writers`` processes at once against the server at ``uri``; the cell's figures, with the CPU the server
+    (``server_pid``'s tree), the database (``db_pid``'s) and the writers spent per timed result."""
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
     procs = []
@@ -266,8 +292,12 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, 
             if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
                 raise SystemExit(f"{tag}: the writers' first uploads did not arrive")
             time.sleep(0.2)
+        srv0 = _cpu([server_pid]) if server_pid else 0.0
+        db0 = _cpu([db_pid]) if db_pid else 0.0
         go.set()
         results = [out.get(timeout=1800) for _ in procs]
+        srv = _cpu([server_pid]) - srv0 if server_pid else float("nan")
+        db = _cpu([db_pid]) - db0 if db_pid else 0.0
     finally:
         for p in procs:
             if p.is_alive():
@@ -280,7 +310,9 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, 
     return {"uploads": len(spans), "failed": sum(r["failed"] for r in results), "wall_s": round(wall, 2),
             "trials_per_s": round(len(spans) / wall, 2), "call_p50_s": round(statistics.median(lat), 3),
             "call_max_s": round(lat[-1], 3), "runs_stored": stored, "runs_expected": writers * (n + 1),
-            "trouble": "; ".join(str(r["trouble"]) for r in results if r["trouble"])}
+            "trouble": "; ".join(str(r["trouble"]) for r in results if r["trouble"]),
+            "server_cpu_ms": round(1000 * srv / len(spans), 1), "db_cpu_ms": round(1000 * db / len(spans), 1),
+            "writer_cpu_ms": round(1000 * sum(r["cpu_s"] for r in results) / len(spans), 1)}
 
 
 def _children(client: MlflowClient, sweep: str) -> int:
@@ -345,13 +377,14 @@ def main() -> None:
             for nw in workers:
                 # Both backends' servers up at once, their cells alternating (ABBA over the repeats): load that
                 # others put on the machine falls on both alike.
-                servers, up = {}, {}
+                servers, up, pids = {}, {}, {}
                 with contextlib.ExitStack() as running:
                     for backend in backends:
                         t0 = time.monotonic()
                         uri = pg_uri if backend == "postgres" else None
-                        servers[backend] = running.enter_context(mlflow_server(
-                            base / backend, port=free_port(), backend_uri=uri, workers=nw, timeout_s=300)).uri
+                        srv = running.enter_context(mlflow_server(
+                            base / backend, port=free_port(), backend_uri=uri, workers=nw, timeout_s=300))
+                        servers[backend], pids[backend] = srv.uri, srv.proc.pid if srv.proc else None
                         up[backend] = round(time.monotonic() - t0, 1)
                     for nwr, nup, rep in ((a, b, c) for a in writers for b in uploaders for c in range(args.repeats)):
                         for backend in (backends if rep % 2 == 0 else backends[::-1]):
@@ -361,7 +394,8 @@ def main() -> None:
                                    "repeat": rep, "trials_per_writer": args.trials,
                                    "max_series_points": args.max_series_points,
                                    **cell(servers[backend], folder, base / "w", tag, nwr, args.trials, nup,
-                                          args.max_series_points),
+                                          args.max_series_points, pids[backend],
+                                          _postmaster(base / "postgres") if backend == "postgres" else None),
                                    "server_start_s": up[backend], "load_1min": round(load, 1)}
                             print(json.dumps(row), flush=True)
                             rows.append(row)
@@ -383,19 +417,23 @@ def main() -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per backend, server workers, writers and upload threads: trial results per second (median of the
-    repeats, and each repeat), the time a result's hand-over took the writer (p50 and max over every repeat), failed
-    uploads, runs stored against expected."""
+    repeats, and each repeat), the time a result's hand-over took the writer (p50 and max over every repeat), the
+    CPU milliseconds a result cost the server, the database and the writer (medians), failed uploads, runs stored
+    against expected."""
     cells: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
     for r in rows:
         cells.setdefault((r["backend"], r["server_workers"], r["writers"], r.get("uploaders", 1)), []).append(r)
     lines = ["| backend | server workers | writers | uploaders | trials/s (median) | trials/s, each repeat "
-             "| hand-over p50 s | hand-over max s | failed | runs stored / expected |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| hand-over p50 s | hand-over max s | CPU ms a result: server / database / writer | failed "
+             "| runs stored / expected |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for (backend, nw, nwr, nup), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
         rates = [r["trials_per_s"] for r in rs]
+        cpu = " / ".join(f"{statistics.median(r.get(k, float('nan')) for r in rs):.0f}"
+                         for k in ("server_cpu_ms", "db_cpu_ms", "writer_cpu_ms"))
         lines.append(f"| {backend} | {nw} | {nwr} | {nup} | {statistics.median(rates):.2f} | "
                      f"{', '.join(f'{x:.2f}' for x in rates)} | {statistics.median(r['call_p50_s'] for r in rs):.3f} | "
-                     f"{max(r['call_max_s'] for r in rs):.3f} | {sum(r['failed'] for r in rs)} | "
+                     f"{max(r['call_max_s'] for r in rs):.3f} | {cpu} | {sum(r['failed'] for r in rs)} | "
                      f"{sum(r['runs_stored'] for r in rs)} / {sum(r['runs_expected'] for r in rs)} |")
     return "\n".join(lines)
 
