@@ -49,7 +49,7 @@ def real_windows(path: Path) -> Windows:
 
 def states(real: Windows) -> dict[str, Windows]:
     """Search states: its first two windows, five counts of one window, every count with 1, 2, 3 windows, and
-    every count with 3 windows of different lengths (as when some requests of a window time out)."""
+    3 windows of different lengths (as when some requests of a window time out) at 1 core, then at every count."""
     cores = sorted(real)
     return {
         "2 counts x 1 window (the search's start)": {c: real[c][:1] for c in (cores[0], cores[-1])},
@@ -57,6 +57,8 @@ def states(real: Windows) -> dict[str, Windows]:
         "7 counts x 1 window": {c: real[c][:1] for c in cores},
         "7 counts x 2 windows": {c: real[c][:2] for c in cores},
         "7 counts x 3 windows (the most at repeats.max 3)": {c: real[c][:3] for c in cores},
+        "7 counts x 3 windows, at 1 core of 146, 140, 131 requests": {
+            c: [w[:n] for w, n in zip(real[c], (146, 140, 131) if c == cores[0] else (146,) * 3)] for c in cores},
         "7 counts x 3 windows of 146, 140, 131 requests": {c: [w[:n] for w, n in zip(real[c], (146, 140, 131))]
                                                            for c in cores},
     }

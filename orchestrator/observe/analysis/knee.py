@@ -269,27 +269,37 @@ class _Count:
         self.words = self.pick_words + self.n * int(self.request_words[0]) if self.fixed else -1
         self.most_words = self.pick_words + self.n * int(self.request_words.max())
         self.thresholds = (1 << 32) % self.lengths                   # per window: its request picks' rejection
+        if self.fixed:                                                # each word of a draw here: its modulus
+            self.moduli = np.repeat(np.array([self.n, self.lengths[0]], dtype=np.uint32),
+                                    [self.pick_words, self.words - self.pick_words])
+            self.word_thresholds = ((1 << 32) % np.maximum(self.moduli, 1).astype(np.uint64)).astype(np.uint32)
 
 
 class _Words:
-    """The stream of 32-bit words a Generator's ``integers`` reads, from the first; ``u`` holds the words not
-    yet used, a thrown-away word taken out."""
+    """The stream of 32-bit words a Generator's ``integers`` reads, from the first: ``u`` holds the words not yet
+    used (a thrown-away word taken out). Generated at once for every draw (``count`` words at most, a few more
+    kept for thrown-away ones), so a chunk of draws reads a view of it."""
 
-    def __init__(self, bitgen: np.random.BitGenerator) -> None:
+    def __init__(self, bitgen: np.random.BitGenerator, count: int) -> None:
         self.bitgen = bitgen
-        self.u = np.empty(0, dtype=np.uint32)
+        self._all = bitgen.random_raw((count + 64 + 1) // 2).view(np.uint32)
+        self._at = 0
         self.dropped = 0
 
+    @property
+    def u(self) -> np.ndarray:
+        return self._all[self._at:]
+
     def ensure(self, count: int) -> None:
-        if len(self.u) < count:
-            more = self.bitgen.random_raw((count - len(self.u) + 1) // 2).view(np.uint32)
-            self.u = np.concatenate((self.u, more)) if len(self.u) else more
+        if len(self._all) - self._at < count:                     # only after thrown-away words
+            more = self.bitgen.random_raw((count - len(self._all) + self._at + 1) // 2 + 32).view(np.uint32)
+            self._all, self._at = np.concatenate((self._all[self._at:], more)), 0
 
     def used(self, count: int) -> None:
-        self.u = self.u[count:]
+        self._at += count
 
     def drop(self, at: int) -> None:
-        self.u = np.delete(self.u, at)
+        self._all, self._at = np.delete(self._all[self._at:], at), 0
         self.dropped += 1
 
 
@@ -297,60 +307,72 @@ def _earliest(a: int | None, b: int) -> int:
     return b if a is None else min(a, b)
 
 
+def _fixed_count(c: _Count, block: np.ndarray, q: float) -> np.ndarray:
+    """Each draw's figure at a count whose windows have one length, from the draw's words there ``[rows, words]``:
+    its window picks, then each picked window's request picks."""
+    rows = len(block)
+    picks = _picks(block[:, :c.n], c.n) if c.n > 1 else np.zeros((rows, 1), dtype=np.intp)
+    length = int(c.lengths[0])
+    first = c.offsets[picks]                                       # [rows, windows]: where each pick starts
+    if length > 1:
+        x = np.multiply(block[:, c.pick_words:].reshape(rows, c.n, length), length * 2.0 ** -32, dtype=np.float64)
+        if c.n > 1:                                                # one window starts at 0
+            x += first[:, :, None]
+        ranks = c.rank[x.astype(np.intp)].reshape(rows, c.n * length)
+    else:
+        ranks = c.rank[first]
+    ranks.sort(axis=1)
+    return _quantile_of_sorted(ranks, c.n * length, c.sorted, q)
+
+
 def _figures_fixed(counts: list[_Count], rows: int, u: np.ndarray, q: float,
                    figs: np.ndarray, ws: np.ndarray) -> int | None:
     """``rows`` draws where each count's windows have one length (every draw reads the same words): each
-    count's figure and requests into ``figs`` and ``ws``; the position of the first thrown-away word, if any."""
+    count's figure and requests into ``figs`` and ``ws``; or the position of the first thrown-away word."""
     per_draw = sum(c.words for c in counts)
     u2 = u[:rows * per_draw].reshape(rows, per_draw)
-    moduli = np.concatenate([np.repeat([c.n, int(c.lengths[0])], [c.pick_words, c.words - c.pick_words])
-                             for c in counts]).astype(np.uint32)     # [per_draw]: each word's modulus
-    thresholds = (1 << 32) % np.maximum(moduli, 1).astype(np.uint64)
+    thresholds = np.concatenate([c.word_thresholds for c in counts])
     if np.any(thresholds):
-        low = np.multiply(u2, moduli)                              # the low 32 bits of u * n
+        low = np.multiply(u2, np.concatenate([c.moduli for c in counts]))  # the low 32 bits of u * n
         if np.any(low.min(axis=0) < thresholds):
             return int(np.argmax((low < thresholds).ravel()))      # the first in the stream
     at = 0
     for i, c in enumerate(counts):
-        picks = _picks(u2[:, at:at + c.n], c.n) if c.n > 1 else np.zeros((rows, 1), dtype=np.intp)
-        at += c.pick_words
-        length = int(c.lengths[0])
-        first = c.offsets[picks]                                   # [rows, windows]: where each pick starts
-        if length > 1:
-            req = u2[:, at:at + c.n * length]
-            x = np.multiply(req.reshape(rows, c.n, length), length * 2.0 ** -32, dtype=np.float64)
-            if c.n > 1:                                            # one window starts at 0
-                x += first[:, :, None]
-            ranks = c.rank[x.astype(np.intp)].reshape(rows, c.n * length)
-            at += c.n * length
-        else:
-            ranks = c.rank[first]
-        ranks.sort(axis=1)
-        figs[:, i] = _quantile_of_sorted(ranks, c.n * length, c.sorted, q)
-        ws[:, i] = c.n * length
+        figs[:, i] = _fixed_count(c, u2[:, at:at + c.words], q)
+        ws[:, i] = c.n * int(c.lengths[0])
+        at += c.words
     return None
 
 
 def _block_starts(counts: list[_Count], rows: int, u: np.ndarray) -> tuple[np.ndarray, int]:
-    """Where each of ``rows`` draws' picks at each core count start in ``u`` ``[rows, counts]``, and the words
-    the draws read: a count whose windows differ in length reads as many words as the windows it picked have
-    requests, so the positions are found one draw after another."""
-    steps = [(c.words, c.n, tuple(int(x) for x in c.request_words)) for c in counts]
+    """Where each of ``rows`` draws' words at each core count start in ``u`` ``[rows, counts]``, and the words
+    the draws read. A count whose windows differ in length reads as many words as the windows it picked have
+    requests: those counts' picks are read here one draw after another; the others read a fixed number."""
+    ragged: list[tuple[int, int, tuple[int, ...]]] = []            # (fixed words before it, windows, their words)
+    gap = 0
+    for c in counts:
+        if c.fixed:
+            gap += c.words
+        else:
+            ragged.append((gap, c.n, tuple(int(x) for x in c.request_words)))
+            gap = 0
     words = u.data                                                # indexing it gives Python ints
-    starts: list[int] = []
-    add = starts.append
+    used: list[int] = []
+    add = used.append
     at = 0
     for _ in range(rows):
-        for fixed, n, lengths in steps:
-            add(at)
-            if fixed >= 0:
-                at += fixed
-            else:
-                used = n
-                for k in range(at, at + n):
-                    used += lengths[(words[k] * n) >> 32]
-                at += used
-    return np.array(starts, dtype=np.int64).reshape(rows, len(counts)), at
+        for before, n, lengths in ragged:
+            at += before
+            read = n
+            for k in range(at, at + n):
+                read += lengths[(words[k] * n) >> 32]
+            add(read)
+            at += read
+        at += gap
+    reads = np.array([c.words for c in counts], dtype=np.int64)[None, :].repeat(rows, axis=0)
+    reads[:, [i for i, c in enumerate(counts) if not c.fixed]] = np.array(used, dtype=np.int64).reshape(rows, -1)
+    flat = np.cumsum(reads.ravel())                                # the stream is the draws' counts in order
+    return (flat - reads.ravel()).reshape(rows, len(counts)), int(flat[-1]) if len(flat) else 0
 
 
 def _figures_ragged(counts: list[_Count], rows: int, u: np.ndarray, q: float,
@@ -361,6 +383,14 @@ def _figures_ragged(counts: list[_Count], rows: int, u: np.ndarray, q: float,
     bad: int | None = None
     for i, c in enumerate(counts):
         s = starts[:, i]
+        if c.fixed:                                                # its draws' words, each a block from s
+            block = sliding_window_view(u, c.words)[s] if c.words else np.empty((rows, 0), dtype=np.uint32)
+            wrong = np.multiply(block, c.moduli) < c.word_thresholds
+            if wrong.any():
+                bad = _earliest(bad, int((s[:, None] + np.arange(c.words))[wrong].min()))
+            figs[:, i] = _fixed_count(c, block, q)
+            ws[:, i] = c.n * int(c.lengths[0])
+            continue
         if c.n > 1:
             at = s[:, None] + np.arange(c.n)
             pw = u[at]
@@ -453,9 +483,9 @@ def _bulk_figures(counts: list[_Count], q: float, n_boot: int,
     ws = np.empty((n_boot, len(counts)))
     fixed = all(c.fixed for c in counts)
     most = sum(c.most_words for c in counts)                        # words a draw reads at most (fixed: exactly)
-    margin = max(int(c.lengths.max()) for c in counts)              # a window's words read from its start on
+    margin = max(c.most_words for c in counts)                      # a count's words read from where they start
     chunk = max(1, _CHUNK_WORDS // max(1, most))
-    words = _Words(bitgen)
+    words = _Words(bitgen, n_boot * most + margin)
     for s in range(0, n_boot, chunk):
         rows = min(chunk, n_boot - s)
         while True:

@@ -15,14 +15,15 @@ PCG64_MULTIPLIER = (2549297995355413924 << 64) + 4865540595714422341
 M64, M128 = (1 << 64) - 1, (1 << 128) - 1
 
 
-def _random_windows(rng: np.random.Generator, *, equal: bool) -> dict[int, list[np.ndarray]]:
-    """1-7 core counts, 1-4 windows each, 1-40 requests a window (one length per count when ``equal``); values
-    rounded to 10 ms so resamples tie."""
+def _random_windows(rng: np.random.Generator, *, equal: bool | None) -> dict[int, list[np.ndarray]]:
+    """1-7 core counts, 1-4 windows each, 1-40 requests a window: one length per count when ``equal``, lengths
+    that differ when not, either per count when None; values rounded to 10 ms so resamples tie."""
     cores = sorted(int(c) for c in rng.choice(np.arange(1, 33), int(rng.integers(1, 8)), replace=False))
     out = {}
     for c in cores:
         length = int(rng.integers(1, 41))
-        out[c] = [np.round(np.exp(rng.normal(-1 + 1 / c, 0.3, length if equal else int(rng.integers(1, 41)))), 2)
+        one = bool(rng.integers(0, 2)) if equal is None else equal
+        out[c] = [np.round(np.exp(rng.normal(-1 + 1 / c, 0.3, length if one else int(rng.integers(1, 41)))), 2)
                   for _ in range(int(rng.integers(1, 5)))]
     return out
 
@@ -40,9 +41,9 @@ def _reference_figures(data: dict[int, list[np.ndarray]], stat: str, n_boot: int
     return figs, ws
 
 
-@pytest.mark.parametrize("equal", [True, False], ids=["one-length", "lengths-differ"])
+@pytest.mark.parametrize("equal", [True, False, None], ids=["one-length", "lengths-differ", "mixed"])
 def test_every_draw_has_the_figure_one_call_at_a_time_gives(equal):
-    rng = np.random.default_rng(11 if equal else 12)
+    rng = np.random.default_rng({True: 11, False: 12, None: 13}[equal])
     for _ in range(40):
         data = K._clean(_random_windows(rng, equal=equal))
         stat, seed, n_boot = str(rng.choice(["p50", "p90"])), int(rng.integers(0, 2**31)), int(rng.integers(1, 120))
