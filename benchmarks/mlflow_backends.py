@@ -26,6 +26,7 @@ server is asked how many child runs it holds: it must be every upload.
     python benchmarks/mlflow_backends.py [--trial DIR] [--backends sqlite,postgres] [--workers 2,4]
         [--writers 1,4] [--uploaders 4] [--trials 15] [--repeats 2] [--md out.md] [--csv out.csv]
     python benchmarks/mlflow_backends.py --make-trial DIR     # the H200 trial folder, then exit
+    python benchmarks/mlflow_backends.py --requests 12 --workers 1   # what each request of an upload costs
 
 Everything lives in one temp folder, removed at the end; the servers and PostgreSQL are stopped.
 """
@@ -337,6 +338,52 @@ def shape(payload: Payload, uri: str, sweep: str) -> dict[str, Any]:
             "series_points": points, "tags": len(run.data.tags), "files": files, "bytes": size}
 
 
+def requests_cost(uri: str, folder: Path, n: int, server_pid: int | None, db_pid: int | None) -> list[dict[str, Any]]:
+    """What each request of one upload costs: ``n`` uploads of the payload made request by request as
+    ``tracking.upload_trial`` makes them (the run, its ``log_batch`` requests, one PUT per file, the end), one at a
+    time, each request timed; the medians (the first two uploads left out), and the CPU the server and the database
+    spent per upload."""
+    from mlflow.entities import Metric, Param
+
+    from orchestrator.observe.tracking import _artifact_repo, _series_metrics, log_batches
+
+    payload = json.loads((folder / "result.json").read_text())
+    client = MlflowClient(uri)
+    exp = client.create_experiment(f"requests-{time.time_ns()}")
+    spent: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        spent.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+
+    srv0, db0 = _cpu([server_pid]) if server_pid else 0.0, _cpu([db_pid]) if db_pid else 0.0
+    for i in range(n):
+        tags = {**payload["tags"], "upload_id": f"u{i}", "superseded": "false", "attempt": "1"}
+        run = timed("create_run (with its tags)", client.create_run, exp, tags=tags, run_name="requests")
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, 0) for k, v in payload["metrics"].items()]
+        metrics += _series_metrics(folder / "telemetry.parquet", payload["started_at"], 1000)
+        params = [Param(k, v) for k, v in payload["params"].items()]
+        for j, (ps, ms, _) in enumerate(log_batches(params, metrics)):
+            timed(f"log_batch {j + 1}: {len(ps)} params, {len(ms)} metrics", client.log_batch, run.info.run_id,
+                  metrics=ms, params=ps)
+        repo = _artifact_repo(client, run.info.artifact_uri)
+        for f in sorted(folder.iterdir()):
+            timed(f"PUT {f.name} ({f.stat().st_size:,} B)", repo.log_artifact, str(f))
+        timed("update_run (the end status)", client.set_terminated, run.info.run_id, "FINISHED")
+    srv = (_cpu([server_pid]) - srv0) / n if server_pid else float("nan")
+    db = (_cpu([db_pid]) - db0) / n if db_pid else 0.0
+    for _ in range(n):  # what the code before this one asked before each upload, with n runs in the experiment
+        timed("search_runs of one trial id (before: one per upload)", client.search_runs, [exp],
+              f"tags.trial_id = '{payload['trial_id']}'")
+    rows = [{"request": k, "ms_median": round(1000 * statistics.median(v[2:] or v), 1)} for k, v in spent.items()]
+    rows.append({"request": "server CPU per upload", "ms_median": round(1000 * srv, 1)})
+    rows.append({"request": "database CPU per upload", "ms_median": round(1000 * db, 1)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trial", type=Path, help="a stored trial folder (default: the H200 trial h200_trial builds)")
@@ -349,6 +396,8 @@ def main() -> None:
     ap.add_argument("--max-series-points", type=int, default=1000,
                     help="the tracker's max_series_points (points a sampled series keeps, per series)")
     ap.add_argument("--repeats", type=int, default=2, help="each cell this many times, the backends alternating")
+    ap.add_argument("--requests", type=int, metavar="N", help="time each request of N uploads, one at a time, on "
+                    "each backend with --workers' first count (instead of the cells)")
     ap.add_argument("--md", type=Path)
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
@@ -386,6 +435,12 @@ def main() -> None:
                             base / backend, port=free_port(), backend_uri=uri, workers=nw, timeout_s=300))
                         servers[backend], pids[backend] = srv.uri, srv.proc.pid if srv.proc else None
                         up[backend] = round(time.monotonic() - t0, 1)
+                    if args.requests:
+                        for backend in backends:
+                            db = _postmaster(base / "postgres") if backend == "postgres" else None
+                            for r in requests_cost(servers[backend], folder, args.requests, pids[backend], db):
+                                print(json.dumps({"backend": backend, "server_workers": nw, **r}), flush=True)
+                        return
                     for nwr, nup, rep in ((a, b, c) for a in writers for b in uploaders for c in range(args.repeats)):
                         for backend in (backends if rep % 2 == 0 else backends[::-1]):
                             tag = f"{backend}-s{nw}-c{nwr}-u{nup}-r{rep}"
