@@ -109,8 +109,8 @@ def h200_trial(folder: Path) -> Path:
     """A trial folder as the product stores it in MLflow, of a real H200 trial: the 2-core window of the H200 knee
     search (``sweeps/h200-knee-search.yaml``; Llama-3.1-8B shape, 146 recorded requests), its metrics as its
     ``trials.csv`` row holds them, its requests from the committed records, what such a trial learns while running
-    (:data:`H200_LEARNT`), the 21 sampled series its row summarises (about 86 samples each, between the row's mean
-    and maximum), and the executor's files (``trial_spec.json``, ``verified_cores.json``, ``vllm.log``)."""
+    (:data:`H200_LEARNT`), the 21 sampled series its row names (86 samples each, between the row's mean and
+    maximum), and the executor's files (``trial_spec.json``, ``verified_cores.json``, ``vllm.log``)."""
     import math
 
     from orchestrator.plan.expand import expand
@@ -129,6 +129,12 @@ def h200_trial(folder: Path) -> Path:
     metrics = {str(k): float(v) for k, v in row.items() if k not in factors and isinstance(v, (int, float))
                and not isinstance(v, bool) and math.isfinite(v)}
     series = sorted(str(k)[:-5] for k in row.index if str(k).endswith("_mean") and f"{str(k)[:-5]}_max" in row.index)
+    # The table holds the host's cores the knee search's trials sampled; one it has no figure for (another trial's
+    # core) is an idle core here, 1-3% busy, its mean and maximum among the metrics as the executor's summary has them.
+    for name in series:
+        if not math.isfinite(row[f"{name}_mean"]):
+            row[f"{name}_mean"], row[f"{name}_max"] = 1.0, 3.0
+            metrics[f"{name}_mean"], metrics[f"{name}_max"] = 1.0, 3.0
     rng = __import__("random").Random(0)
     telemetry = tuple({"t": round(0.25 * i, 2), "name": name,
                        "value": row[f"{name}_mean"] + (row[f"{name}_max"] - row[f"{name}_mean"]) * rng.random()}
@@ -140,7 +146,7 @@ def h200_trial(folder: Path) -> Path:
     (arts / "verified_cores.json").write_text(json.dumps({"replica": [2, 3], "client": [4, 5], "telemetry": [1]}))
     (arts / "vllm.log").write_text("".join(f"INFO 12-04 16:4{i % 10}:{i % 60:02d} [engine.py:{100 + i}] step {i}: "
                                            f"running 16 reqs, waiting 0 reqs, KV cache usage {i % 97}%\n"
-                                           for i in range(450)))
+                                           for i in range(405)))
     now = time.time()
     result = TrialResult(trial_id=trial.trial_id, status=TrialStatus.COMPLETED, records=records, metrics=metrics,
                          params=dict(H200_LEARNT), telemetry=telemetry, artifacts_dir=str(arts),
