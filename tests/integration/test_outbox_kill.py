@@ -8,9 +8,9 @@ puts them into its outbox, about 100 a second on 2 cores).
 
 1. The first driver starts; once MLflow holds some of its trials' runs, the server's process group is stopped
    (SIGSTOP: it accepts connections and never answers, the way a hung server does), uploads in flight hang.
-2. The driver's lanes go on putting results into the outbox; once 1,000 or more wait there, the driver's
-   process group is SIGKILLed, with trials of the sweep still running.
-3. MLflow is let go on (SIGCONT) and the same sweep runs again in a new driver (resume).
+2. The driver's lanes go on putting results into the outbox; once 1,000 or more wait there (uploads in flight
+   included: claimed entries), the driver's process group is SIGKILLed, with trials of the sweep still to run.
+3. MLflow goes on (SIGCONT), and the same sweep runs again in a new driver (resume).
 
 The server's store (sqlite) and artifacts live in ``/dev/shm`` where it has room: on a disk every commit waits
 for an fsync, and sqlite takes one writer at a time, so 1,400 uploads there cost about 100 s on 2 cores instead of
@@ -210,10 +210,10 @@ def _run_and_kill(home: Path, box: Path, log: Path, planned: set[str], tmp_path:
         parents = [r for r in client.search_runs([by_trial[next(iter(planned))].info.experiment_id],
                                                  "tags.`orchestrator.kind` = 'sweep'")]
         assert [p.info.status for p in parents] == ["FINISHED"]
-    print(f"\nMLflow stopped after {t_stopped - t_start:.1f} s; the driver killed with {len(waiting)} results in the "
-          f"outbox ({claimed} of them claimed by uploads; {len(on_server)} FINISHED on the server, {len(half)} half uploads) {t_killed - t_stopped:.1f} s "
-          f"later; the second driver ran {len(started)} trials and uploaded them and the {len(waiting)} outboxed "
-          f"results in {t_end - t_killed:.1f} s")
+    print(f"\nMLflow stopped after {t_stopped - t_start:.1f} s; the driver killed {t_killed - t_stopped:.1f} s later "
+          f"with {len(waiting)} results in the outbox ({claimed} claimed by uploads in flight; {len(on_server)} "
+          f"FINISHED on the server, {len(half)} half uploads); the second driver ran {len(started)} trials and "
+          f"uploaded them and the {len(waiting)} outboxed results in {t_end - t_killed:.1f} s")
 
 
 if __name__ == "__main__":

@@ -336,6 +336,44 @@ def test_a_result_after_an_outage_takes_the_outage_results_up_with_it(server: _S
     assert not box.exists() or list(box.iterdir()) == []
 
 
+def test_parallel_uploads_keep_each_trials_attempts_in_order(server: _Server, tmp_path: Path):
+    # Results handed over as the controller does (persisted by several lanes at once, a trial's attempts by its
+    # lane one after another; then on_trial_result for each), uploaded by 4 threads: each trial's attempts still
+    # go up one after another, in order.
+    plan = _plan("trk-parallel", [1, 2, 3, 4, 5, 6, 7, 8])
+    tracker = MlflowTracker(server.uri, outbox_dir=tmp_path / "outbox", uploaders=4)
+    tracker.on_sweep_start(plan)
+    handed = []
+    for trial in plan.trials:
+        attempts = [_failed(trial), _failed(trial)] if trial.cores % 2 else []
+        handed += [(trial, r) for r in (*attempts, _ok(trial, tmp_path))]
+    lanes = [threading.Thread(target=lambda part: [tracker.persist_result(t, r) for t, r in part],
+                              args=([(t, r) for t, r in handed if t.cores % 4 == k],)) for k in range(4)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    for trial, result in sorted(handed, key=lambda tr: tr[1].ended_at):
+        tracker.on_trial_result(trial, result)
+    tracker.on_sweep_end(plan, [r for _, r in handed])
+    assert outbox.pending(tmp_path / "outbox") == []
+
+    client = MlflowClient(server.uri)
+    [parent] = _parents(client, "trk-parallel")
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_finished"] == 8.0
+    runs: dict[str, list] = {}
+    for r in _children(client, "trk-parallel"):
+        runs.setdefault(r.data.tags["trial_id"], []).append(r)
+    assert set(runs) == {t.trial_id for t in plan.trials}
+    for trial in plan.trials:
+        attempts = sorted(runs[trial.trial_id], key=lambda r: int(r.data.tags["attempt"]))
+        want = ["FAILED", "FAILED", "FINISHED"] if trial.cores % 2 else ["FINISHED"]
+        assert [r.info.status for r in attempts] == want, trial.cores
+        assert [r.data.tags["superseded"] for r in attempts] == ["true"] * (len(want) - 1) + ["false"]
+        for earlier, later in zip(attempts, attempts[1:]):
+            assert earlier.data.tags["superseded_by"] == later.info.run_id
+
+
 PROM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
