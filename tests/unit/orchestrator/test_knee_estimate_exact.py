@@ -68,6 +68,6 @@ def test_a_pool_whose_worker_was_killed_estimates_in_the_calling_thread():
     kw = {"stat": "p90", "tolerance": 0.1, "level": 0.9, "n_boot": 50, "seed": 3}
     with EstimatorPool() as pool:
         want = pool(windows, **kw)
-        [pid] = pool._pool._processes                            # the one worker, started by the first estimate
+        [pid] = pool.pids()                                      # the one worker
         os.kill(pid, signal.SIGKILL)                             # killed (out of memory, say): the pool is broken
         assert pool(windows, **kw) == want                       # the same estimate, made in this thread
