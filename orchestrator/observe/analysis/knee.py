@@ -227,6 +227,7 @@ _MAX_REJECTIONS = 32         # past this many thrown-away words in one estimate,
 _MAX_POOLED = 1 << 20        # a core count's pooled requests, so a pick plus its window's offset is exact in a double
 _NEAR = 1e-9                 # a draw's fit this close to the threshold, relative, is fitted again the reference way
 _CHUNK_WORDS = 1 << 18       # words a chunk of draws reads: its arrays stay in a core's cache
+_BLOCK_WORDS = 1 << 22       # words generated at a time (16 MB): every draw's at once, unless the windows are many
 
 
 def _threshold(n: int) -> int:
@@ -277,12 +278,13 @@ class _Count:
 
 class _Words:
     """The stream of 32-bit words a Generator's ``integers`` reads, from the first: ``u`` holds the words not yet
-    used (a thrown-away word taken out). Generated at once for every draw (``count`` words at most, a few more
-    kept for thrown-away ones), so a chunk of draws reads a view of it."""
+    used (a thrown-away word taken out). Generated ``_BLOCK_WORDS`` at a time, no more than the draws can read
+    (``count`` at most), so a chunk of draws reads a view of it."""
 
     def __init__(self, bitgen: np.random.BitGenerator, count: int) -> None:
         self.bitgen = bitgen
-        self._all = bitgen.random_raw((count + 64 + 1) // 2).view(np.uint32)
+        self.left = count + 64                                     # words still to generate, at most
+        self._all = np.empty(0, dtype=np.uint32)
         self._at = 0
         self.dropped = 0
 
@@ -291,9 +293,12 @@ class _Words:
         return self._all[self._at:]
 
     def ensure(self, count: int) -> None:
-        if len(self._all) - self._at < count:                     # only after thrown-away words
-            more = self.bitgen.random_raw((count - len(self._all) + self._at + 1) // 2 + 32).view(np.uint32)
-            self._all, self._at = np.concatenate((self._all[self._at:], more)), 0
+        have = len(self._all) - self._at
+        if have < count:
+            n = max(count - have, min(self.left, _BLOCK_WORDS))
+            more = self.bitgen.random_raw((n + 1) // 2).view(np.uint32)
+            self.left -= len(more)
+            self._all, self._at = (np.concatenate((self._all[self._at:], more)) if have else more), 0
 
     def used(self, count: int) -> None:
         self._at += count

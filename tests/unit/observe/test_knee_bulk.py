@@ -123,6 +123,7 @@ def test_a_thrown_away_word_is_taken_out_of_the_stream_as_numpy_does(monkeypatch
     data = K._clean(windows)
     dropped = []
     monkeypatch.setattr(K, "_CHUNK_WORDS", 3000)                  # a few draws a chunk: position 4001 is in a later one
+    monkeypatch.setattr(K, "_BLOCK_WORDS", 5000)                  # words generated a few chunks at a time
     monkeypatch.setattr(K._Words, "drop", lambda self, at, d=K._Words.drop: (dropped.append(at), d(self, at)))
     monkeypatch.setattr(K, "_bootstrap_knees_reference", None)   # the bulk path must not fall back
     got = K._bulk_figures([K._Count(ws) for ws in data.values()], 0.9, 30, _pcg64_with_zero_words(9, position, both))
