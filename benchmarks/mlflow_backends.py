@@ -24,7 +24,8 @@ server refused lands in the writer's outbox, as in the product: counted as faile
 server is asked how many child runs it holds: it must be every upload.
 
     python benchmarks/mlflow_backends.py [--trial DIR] [--backends sqlite,postgres] [--workers 2,4]
-        [--writers 1,4] [--uploaders 4] [--trials 15] [--repeats 2] [--md out.md] [--csv out.csv]
+        [--writers 1,4] [--uploaders 4] [--trials 15] [--repeats 2] [--max-series-total 400|none]
+        [--md out.md] [--csv out.csv]
     python benchmarks/mlflow_backends.py --make-trial DIR     # the H200 trial folder, then exit
     python benchmarks/mlflow_backends.py --requests 12 --workers 1   # what each request of an upload costs
 
@@ -221,13 +222,17 @@ def postgres(state: Path) -> Iterator[str]:
         subprocess.run([str(PG_SCRIPT), "stop"], env=env, check=False, timeout=120)
 
 
-def _tracker(uri: str, box: Path, uploaders: int, series_points: int) -> Any:
-    """The writer's tracker; a tracker without upload threads (older code) takes no ``uploaders``."""
+def _tracker(uri: str, box: Path, uploaders: int, series_points: int, series_total: str) -> Any:
+    """The writer's tracker; older code takes neither ``uploaders`` nor ``max_series_total`` (it has no such cap)."""
     import inspect
 
-    if "uploaders" in inspect.signature(MlflowTracker).parameters:
-        return MlflowTracker(uri, outbox_dir=box, uploaders=uploaders, max_series_points=series_points)
-    return MlflowTracker(uri, outbox_dir=box, max_series_points=series_points)
+    known = inspect.signature(MlflowTracker).parameters
+    extra: dict[str, Any] = {}
+    if "uploaders" in known:
+        extra["uploaders"] = uploaders
+    if "max_series_total" in known and series_total != "default":
+        extra["max_series_total"] = None if series_total == "none" else int(series_total)
+    return MlflowTracker(uri, outbox_dir=box, max_series_points=series_points, **extra)
 
 
 def _hand(tracker: Any, trial: TrialSpec, result: TrialResult) -> None:
@@ -238,14 +243,14 @@ def _hand(tracker: Any, trial: TrialSpec, result: TrialResult) -> None:
     tracker.on_trial_result(trial, result)
 
 
-def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, uploaders: int, series_points: int, go: Any,
-            out: Any) -> None:
+def _writer(uri: str, folder: str, scratch: str, sweep: str, n: int, uploaders: int, series: tuple[int, str],
+            go: Any, out: Any) -> None:
     """One sweep driver: a tracker, one untimed upload (experiment, parent), then ``n`` timed ones, as fast as they
     are handed over; done when the tracker says every one is up (``flush``; older code: when the calls return)."""
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     payload = load_payload(Path(folder), Path(scratch))
     box = Path(scratch) / "outbox"
-    tracker = _tracker(uri, box, uploaders, series_points)
+    tracker = _tracker(uri, box, uploaders, *series)
     flush = getattr(tracker, "flush", lambda: None)
     _hand(tracker, *payload.nth(sweep, 0))
     flush()
@@ -278,7 +283,8 @@ def _cpu(pids: list[int]) -> float:
 
 
 def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, uploaders: int,
-         series_points: int = 1000, server_pid: int | None = None, db_pid: int | None = None) -> dict[str, Any]:
+         series: tuple[int, str] = (1000, "default"), server_pid: int | None = None,
+         db_pid: int | None = None) -> dict[str, Any]:
     """``writers`` processes at once against the server at ``uri``; the cell's figures, with the CPU the server
     (``server_pid``'s tree), the database (``db_pid``'s) and the writers spent per timed result."""
     ctx = mp.get_context("spawn")
@@ -288,7 +294,7 @@ def cell(uri: str, folder: Path, scratch: Path, tag: str, writers: int, n: int, 
         d = scratch / f"{tag}-w{w}"
         d.mkdir(parents=True)
         procs.append(ctx.Process(target=_writer, args=(uri, str(folder), str(d), f"bench-{tag}-w{w}", n, uploaders,
-                                                       series_points, go, out), daemon=True))
+                                                       series, go, out), daemon=True))
     try:
         for p in procs:
             p.start()
@@ -344,7 +350,8 @@ def shape(payload: Payload, uri: str, sweep: str) -> dict[str, Any]:
             "series_points": points, "tags": len(run.data.tags), "files": files, "bytes": size}
 
 
-def requests_cost(uri: str, folder: Path, n: int, server_pid: int | None, db_pid: int | None) -> list[dict[str, Any]]:
+def requests_cost(uri: str, folder: Path, n: int, server_pid: int | None, db_pid: int | None,
+                  series_total: int | None) -> list[dict[str, Any]]:
     """What each request of one upload costs: ``n`` uploads of the payload made request by request as
     ``tracking.upload_trial`` makes them (the run, its ``log_batch`` requests, one PUT per file, the end), one at a
     time, each request timed; the medians (the first two uploads left out), and the CPU the server and the database
@@ -370,7 +377,7 @@ def requests_cost(uri: str, folder: Path, n: int, server_pid: int | None, db_pid
         run = timed("create_run (with its tags)", client.create_run, exp, tags=tags, run_name="requests")
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, 0) for k, v in payload["metrics"].items()]
-        metrics += _series_metrics(folder / "telemetry.parquet", payload["started_at"], 1000)
+        metrics += _series_metrics(folder / "telemetry.parquet", payload["started_at"], 1000, series_total)
         params = [Param(k, v) for k, v in payload["params"].items()]
         for j, (ps, ms, _) in enumerate(log_batches(params, metrics)):
             timed(f"log_batch {j + 1}: {len(ps)} params, {len(ms)} metrics", client.log_batch, run.info.run_id,
@@ -390,6 +397,16 @@ def requests_cost(uri: str, folder: Path, n: int, server_pid: int | None, db_pid
     return rows
 
 
+def _series_total(arg: str) -> int | None:
+    """``--max-series-total`` as a number of points: None for 'none', the tracker's default for 'default' (None
+    for code that has no such cap)."""
+    import orchestrator.observe.tracking as tracking
+
+    if arg == "none":
+        return None
+    return getattr(tracking, "MAX_SERIES_TOTAL", None) if arg == "default" else int(arg)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trial", type=Path, help="a stored trial folder (default: the H200 trial h200_trial builds)")
@@ -401,6 +418,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=15, help="timed uploads per writer")
     ap.add_argument("--max-series-points", type=int, default=1000,
                     help="the tracker's max_series_points (points a sampled series keeps, per series)")
+    ap.add_argument("--max-series-total", default="default",
+                    help="the tracker's max_series_total (points of a result's series together; 'none': no cap; "
+                    "'default': the tracker's own)")
     ap.add_argument("--repeats", type=int, default=2, help="each cell this many times, the backends alternating")
     ap.add_argument("--requests", type=int, metavar="N", help="time each request of N uploads, one at a time, on "
                     "each backend with --workers' first count (instead of the cells)")
@@ -444,7 +464,8 @@ def main() -> None:
                     if args.requests:
                         for backend in backends:
                             db = _postmaster(base / "postgres") if backend == "postgres" else None
-                            for r in requests_cost(servers[backend], folder, args.requests, pids[backend], db):
+                            for r in requests_cost(servers[backend], folder, args.requests, pids[backend], db,
+                                                   _series_total(args.max_series_total)):
                                 print(json.dumps({"backend": backend, "server_workers": nw, **r}), flush=True)
                         return
                     for nwr, nup, rep in ((a, b, c) for a in writers for b in uploaders for c in range(args.repeats)):
@@ -454,8 +475,9 @@ def main() -> None:
                             row = {"backend": backend, "server_workers": nw, "writers": nwr, "uploaders": nup,
                                    "repeat": rep, "trials_per_writer": args.trials,
                                    "max_series_points": args.max_series_points,
+                                   "max_series_total": args.max_series_total,
                                    **cell(servers[backend], folder, base / "w", tag, nwr, args.trials, nup,
-                                          args.max_series_points, pids[backend],
+                                          (args.max_series_points, args.max_series_total), pids[backend],
                                           _postmaster(base / "postgres") if backend == "postgres" else None),
                                    "server_start_s": up[backend], "load_1min": round(load, 1)}
                             print(json.dumps(row), flush=True)

@@ -11,7 +11,9 @@ MLflow layout (one experiment, default name = the sweep name):
 * **Child run** per trial result, nested with ``mlflow.parentRunId``; tags ``trial_id``,
   ``sweep``, ``orchestrator.kind=trial``, ``error_kind`` (+ ``error_message``),
   ``superseded``; params written once at creation; metrics (summary at step 0,
-  sampled series as ``ts/<name>`` with step = milliseconds since the sampler started);
+  sampled series as ``ts/<name>`` with step = milliseconds since the sampler started, each
+  stride-downsampled to an equal share of ``max_series_total`` points for all of a result's series
+  together, 400 by default, at least 10 a series: every sample is in ``telemetry.parquet``);
   artifacts ``records.parquet``, ``telemetry.parquet`` and the trial's artifacts folder.
 
 Resume policy: a trial_id with a FINISHED child run is never logged again (a repeated
@@ -88,6 +90,12 @@ _BATCH_PARAMS = 100
 _BATCH_TAGS = 100
 _BATCH_METRICS = 1000
 _BATCH_ENTITIES = 1000
+# The points of a result's sampled series that go to MLflow as ``ts/`` metrics, all series together. Each point is
+# a metric row MLflow's server inserts (about 0.1 ms of its CPU, and of the database's, a point: the series were 90%
+# of an H200 result's rows and most of its upload; benchmarks/results/mlflow-writes.md). The charts in MLflow's UI
+# need few points; every sample stays in the run's telemetry.parquet.
+MAX_SERIES_TOTAL = 400
+MIN_SERIES_POINTS = 10  # a series keeps at least this many, however many series a result has
 _SWEEP_KIND = "tags.`orchestrator.kind` = 'sweep'"
 _TRIAL_KIND = "tags.`orchestrator.kind` = 'trial'"
 
@@ -200,14 +208,18 @@ def ensure_parent(client: MlflowClient, sweep: Mapping[str, Any], *, reopen: boo
     return exp_id, parent
 
 
-def _series_metrics(path: Path | None, started_at: float, max_points: int) -> list[Metric]:
-    """Sampled series as ``ts/<name>`` metrics, stride-downsampled to ``max_points`` per name."""
+def _series_metrics(path: Path | None, started_at: float, max_points: int, total: int | None = None) -> list[Metric]:
+    """Sampled series as ``ts/<name>`` metrics, stride-downsampled to ``max_points`` per name and, with ``total``, to
+    an equal share of ``total`` points for each series (at least :data:`MIN_SERIES_POINTS`)."""
     if path is None:
         return []
     frame = pd.read_parquet(path).dropna(subset=["value"])
     base_ms = int(started_at * 1000) if started_at else int(time.time() * 1000)
+    groups = list(frame.groupby("name", sort=True))
+    if total is not None and groups:
+        max_points = min(max_points, max(MIN_SERIES_POINTS, total // len(groups)))
     out: list[Metric] = []
-    for name, group in frame.groupby("name", sort=True):
+    for name, group in groups:
         stride = max(1, -(-len(group) // max_points))
         for t, v in zip(group["t"].to_numpy()[::stride], group["value"].to_numpy()[::stride]):
             ms = int(round(float(t) * 1000))
@@ -297,7 +309,8 @@ def _artifact_repo(client: MlflowClient, artifact_uri: str) -> Any:
 
 
 def upload_trial(client: MlflowClient, experiment_id: str, parent_run_id: str, entry: outbox.OutboxEntry,
-                 *, max_series_points: int = 1000, runs: TrialRuns | None = None) -> str | None:
+                 *, max_series_points: int = 1000, max_series_total: int | None = None,
+                 runs: TrialRuns | None = None) -> str | None:
     """Create the child run of one staged/outbox trial folder. Returns its run id, or None when skipped.
 
     Skipped (not an error): the same upload already completed (a sync that died before
@@ -328,7 +341,8 @@ def upload_trial(client: MlflowClient, experiment_id: str, parent_run_id: str, e
     runs.record(trial_id, RunRef(run_id, "RUNNING", p["upload_id"], False))  # a half upload is an attempt too
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, 0) for k, v in p["metrics"].items()]
-    metrics += _series_metrics(entry.file("telemetry.parquet"), p.get("started_at") or 0.0, max_series_points)
+    metrics += _series_metrics(entry.file("telemetry.parquet"), p.get("started_at") or 0.0, max_series_points,
+                               max_series_total)
     for params, batch, _ in log_batches([Param(k, v) for k, v in p["params"].items()], metrics):
         client.log_batch(run_id, metrics=batch, params=params)
     repo = _artifact_repo(client, run.info.artifact_uri)
@@ -538,8 +552,8 @@ class UploadPool:
 
 
 def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, path: Path, *,
-                 max_series_points: int = 1000, runs: TrialRuns | None = None,
-                 claims: AbstractContextManager[Any] | None = None) -> bool:
+                 max_series_points: int = 1000, max_series_total: int | None = MAX_SERIES_TOTAL,
+                 runs: TrialRuns | None = None, claims: AbstractContextManager[Any] | None = None) -> bool:
     """One outbox entry up (:func:`upload_trial`) and out of the outbox; False when it made no run (gone, or MLflow
     had it already). The entry is claimed first (``outbox.claim``), so no other uploader takes it meanwhile; if the
     upload raises, it is given back and waits again. ``claims``: a lock held while the entry is renamed, so a
@@ -552,7 +566,8 @@ def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, p
     try:
         entry = outbox.load(claimed)
         run_id = None if entry is None else upload_trial(
-            client, experiment_id, parent_run_id, entry, max_series_points=max_series_points, runs=runs)
+            client, experiment_id, parent_run_id, entry, max_series_points=max_series_points,
+            max_series_total=max_series_total, runs=runs)
     except BaseException:
         with claims:
             outbox.unclaim(claimed)
@@ -562,7 +577,8 @@ def upload_entry(client: MlflowClient, experiment_id: str, parent_run_id: str, p
 
 
 def drain(client: MlflowClient, experiment_id: str, parent_run_id: str, outbox_dir: Path, sweep: str, *,
-          max_series_points: int = 1000, threads: int = 1, runs: TrialRuns | None = None) -> int:
+          max_series_points: int = 1000, max_series_total: int | None = MAX_SERIES_TOTAL, threads: int = 1,
+          runs: TrialRuns | None = None) -> int:
     """Upload each pending entry of ``sweep`` (:func:`upload_trial`, on ``threads`` threads at once: an
     :class:`UploadPool`), removing each once MLflow has it. Returns how many were taken (an entry already on the
     server is removed without a second run). Raises when any could not be uploaded: those entries stay."""
@@ -571,7 +587,7 @@ def drain(client: MlflowClient, experiment_id: str, parent_run_id: str, outbox_d
 
     def upload(path: Path) -> bool:
         return upload_entry(client, experiment_id, parent_run_id, path, max_series_points=max_series_points,
-                            runs=runs)
+                            max_series_total=max_series_total, runs=runs)
 
     pool = UploadPool(upload, threads=threads, reachable=lambda: mlflow_server_ok(uri), describe=f"MLflow at {uri}")
     try:
@@ -621,7 +637,8 @@ class MlflowTracker(Callback):
 
     def __init__(self, tracking_uri: str, *, experiment: str | None = None, outbox_dir: Path,
                  spec_path: Path | None = None, client: MlflowClient | None = None,
-                 health_timeout_s: float = 2.0, max_series_points: int = 1000, uploaders: int = 4,
+                 health_timeout_s: float = 2.0, max_series_points: int = 1000,
+                 max_series_total: int | None = MAX_SERIES_TOTAL, uploaders: int = 4,
                  retry_s: float = 2.0) -> None:
         _client_defaults()
         self.tracking_uri = tracking_uri
@@ -631,6 +648,7 @@ class MlflowTracker(Callback):
         self.client = client or MlflowClient(tracking_uri)
         self.health_timeout_s = health_timeout_s
         self.max_series_points = max_series_points
+        self.max_series_total = max_series_total
         server = tracking_uri.startswith(("http://", "https://"))
         self.uploaders = max(1, uploaders) if server else 1  # a local store (sqlite file) takes one writer
         self.retry_s = retry_s
@@ -701,8 +719,8 @@ class MlflowTracker(Callback):
         with self._lock:
             exp_id, parent = self._attach(reopen=True)
             runs = self._runs
-        return upload_entry(self.client, exp_id, parent, path, max_series_points=self.max_series_points, runs=runs,
-                            claims=self._claims)
+        return upload_entry(self.client, exp_id, parent, path, max_series_points=self.max_series_points,
+                            max_series_total=self.max_series_total, runs=runs, claims=self._claims)
 
     def _queue_backlog(self, sweep: str) -> int:
         """Every entry of ``sweep`` in the outbox into the pool (those of an earlier run, an outage, and those a
@@ -883,7 +901,8 @@ class MlflowTracker(Callback):
 
 
 def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | None = None,
-                max_series_points: int = 1000, uploaders: int = 4) -> tuple[int, int]:
+                max_series_points: int = 1000, max_series_total: int | None = MAX_SERIES_TOTAL,
+                uploaders: int = 4) -> tuple[int, int]:
     """Upload every outbox entry; returns (uploaded, remaining).
 
     Parents are re-attached (or created from ``sweep.json``); a trial already FINISHED on the
@@ -907,6 +926,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
         try:
             exp_id, parent = ensure_parent(client, info, reopen=False)
             uploaded += drain(client, exp_id, parent, outbox_dir, sweep, max_series_points=max_series_points,
+                              max_series_total=max_series_total,
                               threads=threads)
             if outbox.read_sweep_end(outbox_dir, sweep) is not None:
                 _finish_parent(client, exp_id, parent, sweep, _planned(info))

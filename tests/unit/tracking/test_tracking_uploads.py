@@ -13,7 +13,7 @@ import pytest
 from mlflow.entities import Metric, Param, RunTag
 
 from orchestrator.observe import outbox
-from orchestrator.observe.tracking import MlflowTracker, TrialRuns, UploadPool, log_batches
+from orchestrator.observe.tracking import MlflowTracker, TrialRuns, UploadPool, _series_metrics, log_batches
 from orchestrator.plan.expand import expand
 from orchestrator.plan.load import parse_spec
 from orchestrator.values.results import TrialResult, TrialStatus
@@ -65,6 +65,29 @@ def test_log_batches_pack_within_mlflows_limits(n_params: int, n_metrics: int, n
     assert [x for _, _, t in batches for x in t] == tags
 
 
+@pytest.mark.parametrize("series,points,total,kept_each", [
+    (21, 86, 400, 18),     # the H200 payload: 19 a series at most, every 5th sample: 18
+    (21, 86, None, 86),    # no total: every sample (up to max_series_points)
+    (1, 20, 400, 20),      # one short series: whole
+    (100, 50, 400, 10),    # many series: each keeps at least 10 (every 5th of 50)
+])
+def test_series_points_share_a_total(tmp_path: Path, series: int, points: int, total: int | None,
+                                     kept_each: int) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame([{"t": 0.25 * i, "name": f"cpu{s}_util", "value": float(i)}
+                          for s in range(series) for i in range(points)])
+    frame.to_parquet(tmp_path / "telemetry.parquet", index=False)
+    metrics = _series_metrics(tmp_path / "telemetry.parquet", 1000.0, 1000, total)
+    by_name: dict[str, list] = {}
+    for m in metrics:
+        by_name.setdefault(m.key, []).append(m)
+    assert len(by_name) == series and {len(v) for v in by_name.values()} == {kept_each}
+    first = by_name["ts/cpu0_util"]
+    assert first[0].step == 0 and first[0].timestamp == 1_000_000      # step: ms since the sampler started
+    assert [m.step for m in first] == sorted(m.step for m in first)    # in time order, evenly strided
+
+
 # -- UploadPool ------------------------------------------------------------------------------------------------------
 
 def _paths(n: int, trial: callable = lambda i: f"t{i}") -> list[tuple[Path, str]]:
@@ -73,12 +96,20 @@ def _paths(n: int, trial: callable = lambda i: f"t{i}") -> list[tuple[Path, str]
 
 def test_pool_uploads_oldest_first_each_once() -> None:
     done: list[Path] = []
-    pool = UploadPool(lambda p: done.append(p) or True, threads=1)
+    queued = threading.Event()
+
+    def upload(path: Path) -> bool:
+        queued.wait(10)  # the first upload waits until every entry is queued
+        done.append(path)
+        return True
+
+    pool = UploadPool(upload, threads=1)
     entries = _paths(20)
     for p, t in reversed(entries):  # queued newest first: still taken oldest first (after the first taken)
         pool.add(p, t)
     for p, t in entries:
         pool.add(p, t)              # queued again while waiting: not twice
+    queued.set()
     assert pool.wait(10) is None
     assert sorted(done) == [p for p, _ in entries] and len(done) == 20
     assert done[1:] == sorted(done[1:])  # the first thread took what was there; then oldest first
