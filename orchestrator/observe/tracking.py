@@ -32,7 +32,7 @@ nobody persisted it). That call takes no lock an upload holds and sends nothing 
 lane never waits for MLflow, and a driver that dies loses no result that reached a lane: the
 outbox is the queue of results waiting for MLflow. Then ``on_trial_result`` (the controller's
 writer thread) hands the entry to the tracker's :class:`UploadPool` and returns at once. The pool
-uploads the outbox's entries on a few threads at once (``uploaders``, 4 by default; one for a
+uploads the outbox's entries on a few threads at once (``uploaders``, 8 by default; one for a
 tracking URI that is not a server, whose local store takes one writer), oldest first, the entries of
 one trial one after another (its attempts keep their order), each entry once, and removes each
 only after MLflow has it. An upload first claims its entry (``outbox.claim``: a rename), so an
@@ -638,7 +638,7 @@ class MlflowTracker(Callback):
     def __init__(self, tracking_uri: str, *, experiment: str | None = None, outbox_dir: Path,
                  spec_path: Path | None = None, client: MlflowClient | None = None,
                  health_timeout_s: float = 2.0, max_series_points: int = 1000,
-                 max_series_total: int | None = MAX_SERIES_TOTAL, uploaders: int = 4,
+                 max_series_total: int | None = MAX_SERIES_TOTAL, uploaders: int = 8,
                  retry_s: float = 2.0) -> None:
         _client_defaults()
         self.tracking_uri = tracking_uri
@@ -902,7 +902,7 @@ class MlflowTracker(Callback):
 
 def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | None = None,
                 max_series_points: int = 1000, max_series_total: int | None = MAX_SERIES_TOTAL,
-                uploaders: int = 4) -> tuple[int, int]:
+                uploaders: int = 8) -> tuple[int, int]:
     """Upload every outbox entry; returns (uploaded, remaining).
 
     Parents are re-attached (or created from ``sweep.json``); a trial already FINISHED on the
