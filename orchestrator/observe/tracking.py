@@ -434,11 +434,15 @@ class UploadPool:
                 return f"{len(self.given_up)} result(s) refused: {next(iter(self.given_up.values()))}"
             return None
 
-    def close(self) -> None:
-        """Start no more uploads (those in flight finish); what is queued stays in the outbox."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Start no more uploads; what is queued stays in the outbox. Those in flight finish: ``wait_s`` is how long
+        to wait for them (an upload that fails gives its entry back to the outbox meanwhile)."""
+        deadline = time.monotonic() + wait_s
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            while self._busy and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(min(left, 0.5))
 
     # -- inside
     def _spawn(self) -> None:
@@ -734,11 +738,11 @@ class MlflowTracker(Callback):
                 pool.add(path, outbox.trial_id_of(path))
         return len(paths)
 
-    def _close_pool(self) -> None:
+    def _close_pool(self, wait_s: float = 0.0) -> None:
         with self._state:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.close()
+            pool.close(wait_s)
 
     # -- callbacks -----------------------------------------------------------------------
     def _set_sweep(self, plan: SweepPlan) -> None:
@@ -804,9 +808,10 @@ class MlflowTracker(Callback):
             pool.resume()  # back before the pool's own check came round
         return pool.wait(timeout)
 
-    def close(self) -> None:
-        """Stop uploading (those in flight finish): what is queued stays in the outbox for a later run or sync."""
-        self._close_pool()
+    def close(self, wait_s: float = 10.0) -> None:
+        """Stop uploading: what is queued stays in the outbox for a later run or sync. Waits up to ``wait_s`` for the
+        uploads in flight (one that fails gives its entry back to the outbox)."""
+        self._close_pool(wait_s)
 
     def on_sweep_end(self, plan: SweepPlan, results: list[TrialResult]) -> None:
         sweep = plan.spec.name
@@ -820,8 +825,8 @@ class MlflowTracker(Callback):
             self._queue_backlog(sweep)  # anything persisted whose on_trial_result never came
             waited = self.flush()
             trouble = None if waited is None else f"did not take every result ({waited})"
-        self._close_pool()
-        if trouble is None and not outbox.entry_paths(self.outbox_dir, sweep):
+        self._close_pool(wait_s=5.0)  # uploads in flight: done, or their entries back in the outbox
+        if trouble is None and not outbox.entry_paths(self.outbox_dir, sweep, claimed=True):
             try:
                 with self._lock:
                     exp_id, parent = self._attach(reopen=False)
@@ -837,7 +842,7 @@ class MlflowTracker(Callback):
         outbox.write_sweep_end(self.outbox_dir, sweep, {"ended_at": time.time(), "results": len(results)})
         log.warning("MLflow at %s %s: sweep %s ended with %d result(s) still in the outbox %s; run "
                     "`orchestrator sync`", self.tracking_uri, trouble or "is unreachable", sweep,
-                    len(outbox.entry_paths(self.outbox_dir, sweep)), self.outbox_dir)
+                    len(outbox.entry_paths(self.outbox_dir, sweep, claimed=True)), self.outbox_dir)
 
     def tag_sweep(self, sweep: str, tags: Mapping[str, str]) -> bool:
         """Set ``tags`` on the sweep's parent run (a knee search's stop reason and knee); False when it could
@@ -914,7 +919,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
     outbox_dir = Path(outbox_dir)
     threads = uploaders if tracking_uri.startswith(("http://", "https://")) else 1
     if not mlflow_server_ok(tracking_uri):
-        left = len(outbox.entry_paths(outbox_dir))
+        left = len(outbox.entry_paths(outbox_dir, claimed=True))
         log.warning("MLflow at %s is unreachable; %d outbox entries left in %s", tracking_uri, left, outbox_dir)
         return 0, left
     client = client or MlflowClient(tracking_uri)
@@ -934,7 +939,7 @@ def sync_outbox(tracking_uri: str, outbox_dir: Path, *, client: MlflowClient | N
             outbox.remove_sweep_if_empty(outbox_dir, sweep)
         except Exception as exc:  # noqa: BLE001 (keep the rest for the next sync)
             log.warning("sync of sweep %s stopped: %s: %s", sweep, type(exc).__name__, exc)
-    remaining = len(outbox.entry_paths(outbox_dir))
+    remaining = len(outbox.entry_paths(outbox_dir, claimed=True))  # those being uploaded elsewhere are not up yet
     return uploaded, remaining
 
 

@@ -274,7 +274,7 @@ def test_server_down_results_go_to_outbox_then_sync(server: _Server, tmp_path: P
             offline.close()                                                 # (its driver ends here)
         assert time.monotonic() - started < 30, "an unreachable server must cost seconds, not minutes"
         assert "wait in the outbox" in caplog.text and "orchestrator sync" in caplog.text
-        pending = outbox.pending(box)
+        pending = outbox.pending(box, claimed=True)
         assert sorted(e.trial_id for e in pending) == sorted([t2.trial_id, t3.trial_id, cold.trials[0].trial_id])
         # A stale copy of t1 (already FINISHED on the server) also sits in the outbox: it must not duplicate.
         outbox.commit(outbox.stage_trial(box, outbox.trial_payload(t1, _ok(t1, tmp_path))))
@@ -318,7 +318,8 @@ def test_a_result_after_an_outage_takes_the_outage_results_up_with_it(server: _S
         server.stop()
         tracker.on_trial_result(t1, _ok(t1, tmp_path))
         tracker.on_trial_result(t2, _failed(t2))
-        assert sorted(e.trial_id for e in outbox.pending(box)) == sorted([t1.trial_id, t2.trial_id])
+        # in the outbox: waiting, or claimed by an upload that is trying
+        assert sorted(e.trial_id for e in outbox.pending(box, claimed=True)) == sorted([t1.trial_id, t2.trial_id])
     finally:
         server.start()
     tracker.on_trial_result(t3, _ok(t3, tmp_path))
