@@ -405,7 +405,7 @@ class SweepController:
         run = run or self._run_chain
         queues: dict[str, deque[list[TrialSpec]]] = {k: deque() for k in lanes}
         for g in groups:
-            queues.get(self._kind_of(g), queues.get(_ALL, deque())).append(g)
+            queues[_ALL if _ALL in queues else self._kind_of(g)].append(g)
         take = threading.Lock()
 
         def lane_main(queue: deque[list[TrialSpec]]) -> None:

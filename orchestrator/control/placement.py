@@ -322,23 +322,19 @@ class NodeBook:
     def _candidates(self, need: Need) -> list[str]:
         return self._by_kind.get(kind_key(need.hardware), [])
 
-    def why_never(self, need: Need, nodes: list[Node] | None = None) -> str | None:
+    def why_never(self, need: Need) -> str | None:
         """None if some node could hold ``need`` when empty; else the reason, naming what the nodes have."""
         with self._lock:
-            if nodes is None:
-                have = self._nodes_now()
-                key = (kind_key(need.hardware), need.cores if need.client_shared else need.held, need.gpus)
-                never = self._never.get(key)
-                if never is None:
-                    never = self._never[key] = not any(need.matches(have[nid]) for nid in self._candidates(need))
-                if not never:
-                    return None
-                if self._shapes is None:  # what the nodes have, said once an inventory
-                    self._shapes = _shapes(have.values())
-                return f"no node can ever hold {need}; nodes: {self._shapes or 'none'}"
-            if any(need.matches(n) for n in nodes):
+            have = self._nodes_now()
+            key = (kind_key(need.hardware), need.cores if need.client_shared else need.held, need.gpus)
+            never = self._never.get(key)
+            if never is None:
+                never = self._never[key] = not any(need.matches(have[nid]) for nid in self._candidates(need))
+            if not never:
                 return None
-        return f"no node can ever hold {need}; nodes: {_shapes(nodes) or 'none'}"
+            if self._shapes is None:  # what the nodes have, said once an inventory
+                self._shapes = _shapes(have.values())
+            return f"no node can ever hold {need}; nodes: {self._shapes or 'none'}"
 
     def capacity(self, needs: list[Need]) -> int:
         """How many of these trials the cluster could hold at once (at least 1); reads the inventory afresh."""
@@ -430,7 +426,7 @@ class NodeBook:
             for k in self._kinds_of(node):
                 _insert(self._free.setdefault(k, []), node_id)
         queues = [q for k in self._kinds_of(node) if (q := self._queues.get(k))]
-        for waiter in heapq.merge(*queues, key=lambda w: w.seq) if len(queues) > 1 else (queues[0] if queues else ()):
+        for waiter in heapq.merge(*queues, key=lambda w: w.seq):
             if waiter.done or not waiter.need.matches(node) or not self._has_room(node, waiter.need):
                 continue
             got = self._pick(waiter.need, waiter.avoid_key)
@@ -470,8 +466,7 @@ class NodeBook:
         with self._lock:
             if self._cancelled:
                 raise Cancelled("the sweep is stopping")
-            self._nodes_now()
-            why = self.why_never(need)
+            why = self.why_never(need)  # reads the inventory again when it is stale
             if why:
                 raise CannotPlace(why)
             avoid_key = trial_id or owner

@@ -39,6 +39,7 @@ from orchestrator.plan.knee_search import Reason, Stop, budget_stop, gpu_seconds
 from orchestrator.values.results import TrialResult
 from orchestrator.values.sweep_spec import SweepSpec
 from orchestrator.values.trial import TrialSpec
+from workloads.metrics import ttft_s
 
 # What a search trial records beside its result (MLflow params), for the report's "why each point" table.
 REASON_PARAM, STEP_PARAM, GRID_PARAM = SEARCH_PARAMS
@@ -58,11 +59,10 @@ class SearchTrial:
 
 
 def from_result(spec: TrialSpec, result: TrialResult) -> SearchTrial:
-    """This run's trial as the search reads it; TTFTs as the report reads them (``tables.ttft_values``: ok requests
-    with a first token, ``(first_token_ns - sent_ns) / 1e9``), read off the records without a frame (a frame of a
-    window's records cost milliseconds of the driver's CPU a result)."""
-    ttfts = tuple((r.first_token_ns - r.sent_ns) / 1e9 for r in result.records
-                  if r.status == "ok" and r.first_token_ns is not None)
+    """This run's trial as the search reads it; TTFTs as the report reads them (``tables.ttft_values``), read off the
+    records by ``workloads.metrics.ttft_s`` without a frame (a frame of a window's records cost milliseconds of the
+    driver's CPU a result)."""
+    ttfts = tuple(ttft_s(result.records))
     rate = result.metrics.get("timeout_rate", 0.0)
     return SearchTrial(spec.trial_id, spec.cores, result.ok, ttfts, float(rate) if math.isfinite(rate) else 0.0,
                        gpu_seconds(result.started_at, result.ended_at, spec.gpus))

@@ -265,18 +265,17 @@ class SimExecutor(BookedExecutor):
             if f.kind == "raylet_died":
                 back = SimNode(f"{node.node_id}-r{int(f.at_s)}", node.cpus, node.gpus, node.hardware)
                 self._nodes[back.node_id] = (back, f.at_s + f.restart_s, float("inf"))
-                self.clock._push(f.at_s + f.restart_s, self._node_joined)
+                self.clock._push(f.at_s + f.restart_s, self._nodes_changed)
             self._cut[f.node_id] = f.at_s
             for ev in self._running.get(f.node_id, ()):  # the trials on it end now
                 self.clock._push(f.at_s, _setter(ev))
-            self._book_call(self.book.refresh)
-            self._wake_handed()
-            return False
+            return self._nodes_changed()
 
         self.clock.at(f.at_s, down)
 
-    def _node_joined(self) -> bool:
-        """Under the clock's lock: a node is back; the book reads the inventory and hands it to a waiting lane."""
+    def _nodes_changed(self) -> bool:
+        """Under the clock's lock: a node left or is back; the book reads the inventory and hands what it frees to
+        waiting lanes (an event: it wakes no lane itself)."""
         self._book_call(self.book.refresh)
         self._wake_handed()
         return False
